@@ -1,0 +1,34 @@
+// Package coord is leasehold's coordination layer: leases held as rows of the
+// leases table, the fence every dependent write opens with, and (later) the
+// renewal loop, membership and shards built on them.
+//
+// # Leases
+//
+// A lease is a row (name, owner, epoch, expires_at). Acquire and renew are the
+// same guarded UPDATE over many names at once: a row changes owner only when
+// it is expired, and its epoch rises on every change of owner, never on a
+// renewal. Every comparison uses compute_now(), the database's clock.
+//
+//	            acquire (expired)              renew (owner = me)
+//	 unowned ───────────────────▶ held(me, e+1) ─────────────┐
+//	    ▲                           │    ▲                    │
+//	    │ release (owner = me)      │    └────────────────────┘
+//	    └───────────────────────────┤
+//	                                │ expires_at passes, another acquires
+//	                                ▼
+//	                         held(other, e+2)   (my fenced writes now fail)
+//
+// # Fencing
+//
+// Holding a lease is not enough: a process can pause past its TTL. Every
+// write transaction on behalf of a lease starts with Fence, a SELECT … FOR
+// SHARE of the lease row at the held epoch. No row: ErrLeaseLost and nothing
+// commits. A row: the share lock makes a takeover's UPDATE wait until the
+// transaction ends, so the old holder finishes before the new one starts, or
+// never starts. Row locks live in the transaction, so this is safe behind
+// PgBouncer in transaction mode, unlike advisory locks.
+//
+// A process trusts a lease only until ValidUntil: the time the acquiring
+// statement was sent plus the TTL, on the process's own clock. RunFenced
+// bounds the transaction by that instant as well as by a statement timeout.
+package coord

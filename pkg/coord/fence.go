@@ -1,0 +1,119 @@
+package coord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leasehold/leasehold/pkg/pgdb"
+)
+
+// ErrLeaseLost is returned (wrapped in *LeaseLostError) by a fenced
+// transaction whose lease is no longer held at its epoch.
+var ErrLeaseLost = errors.New("lease lost")
+
+// LeaseLostError names the lease and epoch a fence failed on.
+type LeaseLostError struct {
+	Name  string
+	Epoch int64
+}
+
+func (e *LeaseLostError) Error() string {
+	return fmt.Sprintf("lease %s is no longer held at epoch %d", e.Name, e.Epoch)
+}
+
+// Unwrap makes errors.Is(err, ErrLeaseLost) true.
+func (e *LeaseLostError) Unwrap() error { return ErrLeaseLost }
+
+const fenceSQL = `
+SELECT 1 FROM leases
+ WHERE name = $1 AND owner = $2 AND epoch = $3 AND expires_at > compute_now()
+ FOR SHARE`
+
+// Fence locks the lease row FOR SHARE at l's owner and epoch inside tx, or
+// returns *LeaseLostError when it is no longer held. Call it first in every
+// write transaction made on behalf of l; the share lock then makes a
+// takeover wait until tx ends. A bare EXISTS would not fence under READ
+// COMMITTED: the lock is what orders the two holders.
+func Fence(ctx context.Context, tx pgx.Tx, l Lease) error {
+	var one int
+	err := tx.QueryRow(ctx, fenceSQL, l.Name, l.Owner, l.Epoch).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return &LeaseLostError{Name: l.Name, Epoch: l.Epoch}
+	}
+	if err != nil {
+		return fmt.Errorf("fence on %s@%d: %w", l.Name, l.Epoch, err)
+	}
+	return nil
+}
+
+// DefaultStatementTimeout bounds each statement of a fenced transaction, so a
+// stuck one cannot hold a successor off for long.
+const DefaultStatementTimeout = 5 * time.Second
+
+// FenceOptions tune RunFenced.
+type FenceOptions struct {
+	// StatementTimeout bounds each statement (0: DefaultStatementTimeout).
+	// It also bounds idle time inside the transaction.
+	StatementTimeout time.Duration
+	// Now is the process clock (nil: time.Now); the transaction is cancelled
+	// at the lease's ValidUntil on this clock.
+	Now func() time.Time
+}
+
+// RunFenced runs fn in a transaction on db that starts with Fence(l) and
+// commits only if fn returns nil. The transaction gets a statement timeout
+// and is cancelled when the lease's validity (l.ValidUntil) runs out, so it
+// cannot outlive the process's trust in the lease. Inside fn, nested work
+// uses pgdb.InTx(ctx, tx, …), which opens a savepoint of this transaction.
+func RunFenced(ctx context.Context, db pgdb.Beginner, l Lease, opts FenceOptions, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	timeout := opts.StatementTimeout
+	if timeout <= 0 {
+		timeout = DefaultStatementTimeout
+	}
+	if !l.ValidUntil.IsZero() {
+		now := time.Now
+		if opts.Now != nil {
+			now = opts.Now
+		}
+		remaining := l.ValidUntil.Sub(now())
+		if remaining <= 0 {
+			return &LeaseLostError{Name: l.Name, Epoch: l.Epoch}
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, remaining)
+		defer cancel()
+	}
+	return pgdb.InTx(ctx, db, func(tx pgx.Tx) error {
+		ms := fmt.Sprintf("%dms", timeout.Milliseconds())
+		b := &pgx.Batch{}
+		b.Queue("SELECT set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $1, true)", ms)
+		b.Queue(fenceSQL, l.Name, l.Owner, l.Epoch)
+		br := tx.SendBatch(ctx, b)
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return fmt.Errorf("fenced transaction on %s: set timeouts: %w", l.Name, err)
+		}
+		var one int
+		err := br.QueryRow().Scan(&one)
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+		if errors.Is(err, pgx.ErrNoRows) {
+			return &LeaseLostError{Name: l.Name, Epoch: l.Epoch}
+		}
+		if err != nil {
+			return fmt.Errorf("fence on %s@%d: %w", l.Name, l.Epoch, err)
+		}
+		return fn(ctx, tx)
+	})
+}
+
+// RunFenced runs fn in a transaction fenced on l, with the client's clock
+// and default options.
+func (c *Client) RunFenced(ctx context.Context, l Lease, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	return RunFenced(ctx, c.db, l, FenceOptions{Now: c.clock.Now}, fn)
+}

@@ -1,0 +1,137 @@
+// Package pgdb opens leasehold's pgx pools and runs transactions on them.
+//
+// Every pool is safe behind PgBouncer in transaction mode: it keeps no session
+// state (no prepared statements across transactions, no advisory locks, no
+// session settings). LISTEN needs a session connection and is opened apart,
+// on a direct URL (see Listener).
+package pgdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Config describes a pool.
+type Config struct {
+	// URL is a libpq-style connection URL or DSN.
+	URL string
+	// AppName is reported as application_name (visible in pg_stat_activity).
+	AppName string
+	// MaxConns caps the pool (0: pgx's default of max(4, GOMAXPROCS)).
+	MaxConns int32
+	// ConnectTimeout bounds each dial (0: 5 s).
+	ConnectTimeout time.Duration
+	// Pooler true marks a URL that goes through a transaction-mode pooler:
+	// statements use the simple protocol's exec mode without a statement
+	// cache so nothing outlives a transaction.
+	Pooler bool
+}
+
+// Connect opens a pool and pings it. A down database is an error here; a
+// database that goes away later is redialled on the next checkout, so a
+// restarted or promoted server needs no process restart.
+func Connect(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
+	pcfg, err := PoolConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("open pool: %w", err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, pcfg.ConnConfig.ConnectTimeout+time.Second)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("ping database: %w", err)
+	}
+	return pool, nil
+}
+
+// PoolConfig builds the pgxpool configuration for cfg without dialling.
+func PoolConfig(cfg Config) (*pgxpool.Config, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("database url is empty")
+	}
+	pcfg, err := pgxpool.ParseConfig(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	if cfg.MaxConns > 0 {
+		pcfg.MaxConns = cfg.MaxConns
+	}
+	pcfg.ConnConfig.ConnectTimeout = cfg.ConnectTimeout
+	if pcfg.ConnConfig.ConnectTimeout == 0 {
+		pcfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
+	if cfg.AppName != "" {
+		pcfg.ConnConfig.RuntimeParams["application_name"] = cfg.AppName
+	}
+	if cfg.Pooler {
+		pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		pcfg.ConnConfig.StatementCacheCapacity = 0
+		pcfg.ConnConfig.DescriptionCacheCapacity = 0
+	}
+	pcfg.HealthCheckPeriod = 5 * time.Second
+	pcfg.MaxConnIdleTime = time.Minute
+	return pcfg, nil
+}
+
+// Beginner starts transactions: a *pgxpool.Pool, a *pgx.Conn, or a pgx.Tx
+// (whose Begin opens a savepoint).
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// InTx runs fn in a transaction begun on db and commits it when fn returns
+// nil; otherwise it rolls back and returns fn's error. When db is a pgx.Tx
+// the transaction is a savepoint of it, so helpers nest.
+func InTx(ctx context.Context, db Beginner, fn func(pgx.Tx) error) (err error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// Now reads compute_now(), the one clock of every lease comparison.
+func Now(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (time.Time, error) {
+	var t time.Time
+	if err := q.QueryRow(ctx, "SELECT compute_now()").Scan(&t); err != nil {
+		return time.Time{}, fmt.Errorf("read compute_now(): %w", err)
+	}
+	return t, nil
+}
+
+// IsConnectionError reports whether err is a lost or refused connection
+// rather than a statement's own failure: the caller retries on its next pass.
+func IsConnectionError(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		// Class 08: connection exception; 57P01-57P03: admin shutdown, crash, cannot connect now.
+		return pgErr.Code[:2] == "08" || pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
+	}
+	return pgconn.SafeToRetry(err) || errors.Is(err, context.DeadlineExceeded) || isNetErr(err)
+}

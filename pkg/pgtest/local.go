@@ -1,0 +1,40 @@
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/leasehold/leasehold/pkg/pglocal"
+)
+
+type localRestarter struct{ c *pglocal.Cluster }
+
+func (l localRestarter) Restart(ctx context.Context, immediate bool) error {
+	mode := pglocal.StopFast
+	if immediate {
+		mode = pglocal.StopImmediate
+	}
+	return l.c.Restart(ctx, mode)
+}
+
+func startLocal(ctx context.Context) (*server, error) {
+	dir, err := os.MkdirTemp("", "leasehold-pgtest-")
+	if err != nil {
+		return nil, fmt.Errorf("temp dir: %w", err)
+	}
+	c, err := pglocal.New(ctx, pglocal.Options{Dir: dir})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	if err := c.Start(ctx); err != nil {
+		c.Remove(context.Background())
+		return nil, err
+	}
+	return &server{
+		adminURL: c.URL("postgres"),
+		stop:     func() { _ = c.Remove(context.Background()) },
+		local:    localRestarter{c},
+	}, nil
+}

@@ -1,0 +1,213 @@
+// Package pgtest gives tests a real PostgreSQL: one server per test binary and
+// one fresh database per test, cloned from a migrated template.
+//
+// The server comes from, in order:
+//  1. LEASEHOLD_TEST_DATABASE_URL (a superuser URL; databases are created in it),
+//  2. a Docker engine, through ory/dockertest, when one answers,
+//  3. a throwaway cluster from the local initdb/pg_ctl on a free loopback port.
+//
+// A test package that uses pgtest calls Main from its TestMain so the server
+// it started is stopped when the binary exits.
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/leasehold/leasehold/migrations"
+	"github.com/leasehold/leasehold/pkg/pgdb"
+)
+
+// EnvURL names the environment variable with an external server's URL.
+const EnvURL = "LEASEHOLD_TEST_DATABASE_URL"
+
+const templateDB = "leasehold_template"
+
+var (
+	startOnce sync.Once
+	srv       *server
+	startErr  error
+	dbSeq     atomic.Int64
+)
+
+// Main runs the package's tests, stops the server this binary started and
+// checks that no goroutine leaked. Call it from TestMain.
+func Main(m *testing.M) {
+	code := m.Run()
+	if srv != nil {
+		srv.stop()
+	}
+	if code == 0 {
+		if err := goleak.Find(LeakOptions()...); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// LeakOptions are the goroutines goleak ignores in leasehold's tests: the
+// long-lived helpers of libraries the tests use, none of them ours.
+func LeakOptions() []goleak.Option {
+	return []goleak.Option{
+		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
+		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+		goleak.IgnoreAnyFunction("github.com/ory/dockertest/v3.(*Pool).Retry"),
+	}
+}
+
+// DB is a fresh database for one test.
+type DB struct {
+	// Name is the database's name.
+	Name string
+	// URL connects to it as the superuser.
+	URL string
+	// Pool is an open pool on it, closed when the test ends.
+	Pool *pgxpool.Pool
+}
+
+// New returns a pool on a fresh, migrated database that lives for the test.
+func New(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	return NewDB(t).Pool
+}
+
+// NewDB creates a fresh, migrated database for the test and returns it.
+func NewDB(t testing.TB) *DB {
+	t.Helper()
+	s := Server(t)
+	name := fmt.Sprintf("t_%d_%d", os.Getpid(), dbSeq.Add(1))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+templateDB); err != nil {
+		t.Fatalf("pgtest: create database: %v", err)
+	}
+	u := s.urlFor(name)
+	pool, err := pgdb.Connect(ctx, pgdb.Config{URL: u, AppName: "pgtest", MaxConns: 20})
+	if err != nil {
+		t.Fatalf("pgtest: connect: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return &DB{Name: name, URL: u, Pool: pool}
+}
+
+// Server returns the binary's test server, starting it on first use.
+func Server(t testing.TB) *server {
+	t.Helper()
+	startOnce.Do(func() {
+		srv, startErr = start(context.Background())
+	})
+	if startErr != nil {
+		t.Fatalf("pgtest: %v", startErr)
+	}
+	return srv
+}
+
+type server struct {
+	adminURL string
+	stop     func()
+	local    interface {
+		Restart(ctx context.Context, immediate bool) error
+	}
+}
+
+// AdminURL is a superuser URL on the server's maintenance database.
+func (s *server) AdminURL() string { return s.adminURL }
+
+// Restart restarts the server (fast or immediate shutdown) when this binary
+// started it; tests of database faults skip otherwise.
+func (s *server) Restart(t testing.TB, immediate bool) {
+	t.Helper()
+	if s.local == nil {
+		t.Skip("pgtest: cannot restart an external server")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := s.local.Restart(ctx, immediate); err != nil {
+		t.Fatalf("pgtest: restart: %v", err)
+	}
+}
+
+func (s *server) urlFor(db string) string {
+	u, err := url.Parse(s.adminURL)
+	if err != nil {
+		panic(err)
+	}
+	u.Path = "/" + db
+	return u.String()
+}
+
+func (s *server) exec(ctx context.Context, sql string) error {
+	conn, err := pgx.Connect(ctx, s.adminURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
+
+func start(ctx context.Context) (*server, error) {
+	s, err := startServer(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.prepareTemplate(ctx); err != nil {
+		s.stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+func startServer(ctx context.Context) (*server, error) {
+	if u := os.Getenv(EnvURL); u != "" {
+		return &server{adminURL: u, stop: func() {}}, nil
+	}
+	if s, err := startDocker(ctx); err == nil {
+		return s, nil
+	} else if s == nil && err != errNoDocker {
+		fmt.Fprintf(os.Stderr, "pgtest: docker: %v; using local binaries\n", err)
+	}
+	return startLocal(ctx)
+}
+
+// prepareTemplate (re)creates the migrated template database. Each binary
+// uses its own template name on a shared external server? No: creating a
+// template is serialised by the migration lock, and a template already at
+// the binary's version is reused.
+func (s *server) prepareTemplate(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, s.adminURL)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	// Serialise template creation across test binaries sharing one server.
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(774411)"); err != nil {
+		return fmt.Errorf("template lock: %w", err)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(774411)")
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", templateDB).Scan(&exists); err != nil {
+		return fmt.Errorf("look up template: %w", err)
+	}
+	if !exists {
+		if _, err := conn.Exec(ctx, "CREATE DATABASE "+templateDB); err != nil && !strings.Contains(err.Error(), "already exists") {
+			return fmt.Errorf("create template: %w", err)
+		}
+	}
+	if _, err := migrations.UpURL(ctx, s.urlFor(templateDB), nil); err != nil {
+		return fmt.Errorf("migrate template: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,143 @@
+// Package process is the shared skeleton of every leasehold service's main:
+// flags with LEASEHOLD_* environment fallbacks, a slog logger, a Prometheus
+// registry, the pgx pool, optional migrations, the health endpoints, and a
+// dskit services.Manager that starts the service's components and stops
+// them on SIGTERM or when any of them fails.
+package process
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/leasehold/leasehold/pkg/coord"
+)
+
+// EnvPrefix prefixes the environment variable of every flag: flag
+// "database-url" is LEASEHOLD_DATABASE_URL. A flag given on the command line
+// wins over the environment.
+const EnvPrefix = "LEASEHOLD_"
+
+// Config is what every service process needs.
+type Config struct {
+	// DatabaseURL is the pool's PostgreSQL URL (may go through PgBouncer).
+	DatabaseURL string
+	// ListenURL is a direct (session) URL for LISTEN; empty means
+	// DatabaseURL unless Pooler is set, in which case notifications are off
+	// and every waiter polls.
+	ListenURL string
+	// Pooler marks DatabaseURL as going through a transaction-mode pooler.
+	Pooler bool
+	// MaxConns caps the pool.
+	MaxConns int
+	// HTTPAddr serves /livez, /readyz, /healthz/detail and /metrics.
+	HTTPAddr string
+	// HealthToken is the bearer token of /healthz/detail.
+	HealthToken string
+	// Migrate applies pending migrations at start.
+	Migrate bool
+	// ID is this process's identity: lease owner and workers row id.
+	ID string
+	// LogLevel is debug, info, warn or error.
+	LogLevel string
+	// LogFormat is json or text.
+	LogFormat string
+	// ShutdownTimeout bounds a graceful stop.
+	ShutdownTimeout time.Duration
+}
+
+// RegisterFlags registers the common flags on fs with the service's
+// default health address.
+func (c *Config) RegisterFlags(fs *flag.FlagSet, defaultHTTPAddr string) {
+	fs.StringVar(&c.DatabaseURL, "database-url", "", "PostgreSQL URL (env LEASEHOLD_DATABASE_URL)")
+	fs.StringVar(&c.ListenURL, "listen-database-url", "", "direct PostgreSQL URL for LISTEN when --database-url goes through a transaction pooler")
+	fs.BoolVar(&c.Pooler, "pooler", false, "--database-url goes through PgBouncer in transaction mode")
+	fs.IntVar(&c.MaxConns, "db-max-conns", 10, "maximum connections in the pool")
+	fs.StringVar(&c.HTTPAddr, "http-addr", defaultHTTPAddr, "address of /livez, /readyz, /healthz/detail and /metrics")
+	fs.StringVar(&c.HealthToken, "health-token", "", "bearer token for /healthz/detail (empty disables it)")
+	fs.BoolVar(&c.Migrate, "migrate", false, "apply pending database migrations at start")
+	fs.StringVar(&c.ID, "id", "", "process id used as lease owner (default: generated)")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&c.LogFormat, "log-format", "json", "log format: json or text")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 90*time.Second, "how long a graceful stop may take")
+}
+
+// Validate checks the configuration and names the offending flag.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.DatabaseURL == "" {
+		errs = append(errs, errors.New("--database-url (LEASEHOLD_DATABASE_URL) is required; `make run` starts a local cluster and sets it"))
+	}
+	if c.MaxConns < 1 || c.MaxConns > 1000 {
+		errs = append(errs, fmt.Errorf("--db-max-conns %d must be in 1..1000", c.MaxConns))
+	}
+	if c.HTTPAddr == "" {
+		errs = append(errs, errors.New("--http-addr is required"))
+	}
+	if c.ID != "" {
+		if err := coord.ValidateOwner(c.ID); err != nil {
+			errs = append(errs, fmt.Errorf("--id: %w", err))
+		}
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		errs = append(errs, fmt.Errorf("--log-level %q must be debug, info, warn or error", c.LogLevel))
+	}
+	switch c.LogFormat {
+	case "json", "text":
+	default:
+		errs = append(errs, fmt.Errorf("--log-format %q must be json or text", c.LogFormat))
+	}
+	if c.ShutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-timeout %s must be positive", c.ShutdownTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+// NotifyURL is the URL LISTEN should use, or "" when notifications are off.
+func (c *Config) NotifyURL() string {
+	if c.ListenURL != "" {
+		return c.ListenURL
+	}
+	if c.Pooler {
+		return ""
+	}
+	return c.DatabaseURL
+}
+
+// ApplyEnv sets every flag of fs not given on the command line from its
+// LEASEHOLD_* environment variable, if set.
+func ApplyEnv(fs *flag.FlagSet) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if given[f.Name] {
+			return
+		}
+		if v, ok := os.LookupEnv(EnvName(f.Name)); ok {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", EnvName(f.Name), v, err))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// EnvName is the environment variable of flag name.
+func EnvName(name string) string {
+	return EnvPrefix + strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(name))
+}
+
+// NewID returns prefix followed by 12 random hex digits: a fresh process id.
+func NewID(prefix string) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}

@@ -1,0 +1,255 @@
+package process
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/grafana/dskit/services"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/leasehold/leasehold/migrations"
+	"github.com/leasehold/leasehold/pkg/health"
+	"github.com/leasehold/leasehold/pkg/pgdb"
+)
+
+// Process is what a service's build function receives.
+type Process struct {
+	// Name is the service's name (worker, gateway, …).
+	Name string
+	// Config is the parsed common configuration; Config.ID is always set.
+	Config Config
+	// Logger is the structured logger, tagged with service and id.
+	Logger *slog.Logger
+	// Registry is the process's own Prometheus registry.
+	Registry *prometheus.Registry
+	// DB is the pgx pool.
+	DB *pgxpool.Pool
+	// Health serves the health endpoints; add checks to it.
+	Health *health.Handler
+	// Mux is the health server's mux; services may mount more handlers.
+	Mux *http.ServeMux
+}
+
+// Spec describes a service for Main.
+type Spec struct {
+	// Name is the service's name.
+	Name string
+	// HTTPAddr is the default health address.
+	HTTPAddr string
+	// IDPrefix prefixes generated process ids (e.g. "gw_").
+	IDPrefix string
+	// Flags registers the service's own flags.
+	Flags func(fs *flag.FlagSet)
+	// Validate checks the service's own flags.
+	Validate func() error
+	// Build constructs the service's components once the pool is open.
+	Build func(ctx context.Context, p *Process) ([]services.Service, error)
+}
+
+// Main runs spec with os.Args and exits: 0 after a clean stop, 1 when a
+// component failed, 2 on bad configuration.
+func Main(spec Spec) {
+	os.Exit(Run(context.Background(), spec, os.Args[1:], os.Stderr))
+}
+
+// Run is Main without the exit, for tests.
+func Run(ctx context.Context, spec Spec, args []string, stderr *os.File) int {
+	var cfg Config
+	fs := flag.NewFlagSet(spec.Name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfg.RegisterFlags(fs, spec.HTTPAddr)
+	if spec.Flags != nil {
+		spec.Flags(fs)
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if err := ApplyEnv(fs); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", spec.Name, err)
+		return 2
+	}
+	err := cfg.Validate()
+	if spec.Validate != nil {
+		err = errors.Join(err, spec.Validate())
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: invalid configuration:\n%v\n", spec.Name, err)
+		return 2
+	}
+	if cfg.ID == "" {
+		prefix := spec.IDPrefix
+		if prefix == "" {
+			prefix = spec.Name + "-"
+		}
+		cfg.ID = NewID(prefix)
+	}
+	logger := NewLogger(stderr, cfg.LogLevel, cfg.LogFormat).With("service", spec.Name, "id", cfg.ID)
+	if err := run(ctx, spec, cfg, logger); err != nil {
+		logger.Error("exiting after failure", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// NewLogger returns a slog logger writing level and format to w.
+func NewLogger(w *os.File, level, format string) *slog.Logger {
+	var lv slog.Level
+	_ = lv.UnmarshalText([]byte(level))
+	opts := &slog.HandlerOptions{Level: lv}
+	if format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+func run(parent context.Context, spec Spec, cfg Config, logger *slog.Logger) error {
+	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	if err := checkSchema(ctx, cfg, logger); err != nil {
+		return err
+	}
+	db, err := pgdb.Connect(ctx, pgdb.Config{
+		URL: cfg.DatabaseURL, AppName: "leasehold-" + spec.Name + ":" + cfg.ID,
+		MaxConns: int32(cfg.MaxConns), Pooler: cfg.Pooler,
+	})
+	if err != nil {
+		return fmt.Errorf("connect to database: %w", err)
+	}
+	defer db.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	h := health.New(reg, cfg.HealthToken)
+	h.AddReadiness("database", func(ctx context.Context) error { return db.Ping(ctx) })
+	p := &Process{Name: spec.Name, Config: cfg, Logger: logger, Registry: reg, DB: db, Health: h, Mux: h.ServeMux()}
+
+	components, err := spec.Build(ctx, p)
+	if err != nil {
+		return fmt.Errorf("build %s: %w", spec.Name, err)
+	}
+	httpSvc, err := newHTTPService(cfg.HTTPAddr, p.Mux, logger)
+	if err != nil {
+		return err
+	}
+	all := append([]services.Service{httpSvc}, components...)
+	mgr, err := services.NewManager(all...)
+	if err != nil {
+		return fmt.Errorf("services: %w", err)
+	}
+	failed := make(chan error, 1)
+	mgr.AddListener(services.NewManagerListener(nil, nil, func(s services.Service) {
+		select {
+		case failed <- fmt.Errorf("component failed: %w", s.FailureCase()):
+		default:
+		}
+		mgr.StopAsync()
+	}))
+	if err := mgr.StartAsync(context.WithoutCancel(ctx)); err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	logger.Info("started", "http_addr", httpSvc.addr(), "components", len(components))
+
+	var failure error
+	select {
+	case <-ctx.Done():
+		logger.Info("stopping on signal")
+	case failure = <-failed:
+	}
+	mgr.StopAsync()
+	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := mgr.AwaitStopped(stopCtx); err != nil {
+		return fmt.Errorf("graceful stop did not finish in %s: %w", cfg.ShutdownTimeout, err)
+	}
+	if failure == nil {
+		for _, s := range all {
+			if s.State() == services.Failed {
+				failure = fmt.Errorf("component failed: %w", s.FailureCase())
+			}
+		}
+	}
+	if failure != nil {
+		return failure
+	}
+	logger.Info("stopped cleanly")
+	return nil
+}
+
+// checkSchema applies migrations when asked and refuses a database newer
+// than the binary either way.
+func checkSchema(ctx context.Context, cfg Config, logger *slog.Logger) error {
+	url := cfg.ListenURL // migrations take a session lock: prefer the direct URL
+	if url == "" {
+		url = cfg.DatabaseURL
+	}
+	db, err := migrations.Open(url)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	var st migrations.Status
+	if cfg.Migrate {
+		st, err = migrations.Up(ctx, db, logger)
+	} else {
+		st, err = migrations.Check(ctx, db)
+	}
+	if err != nil {
+		return fmt.Errorf("schema: %w", err)
+	}
+	if st.Pending > 0 {
+		logger.Warn("database has pending migrations; run with --migrate or `make migrate`", "current", st.Current, "target", st.Target, "pending", st.Pending)
+	}
+	return nil
+}
+
+type httpService struct {
+	*services.BasicService
+	ln  net.Listener
+	srv *http.Server
+}
+
+func newHTTPService(addr string, h http.Handler, logger *slog.Logger) (*httpService, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on --http-addr %s: %w", addr, err)
+	}
+	s := &httpService{ln: ln, srv: &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      10 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}}
+	s.BasicService = services.NewBasicService(nil, s.running, nil).WithName("http")
+	return s, nil
+}
+
+func (s *httpService) addr() string { return s.ln.Addr().String() }
+
+func (s *httpService) running(ctx context.Context) error {
+	errc := make(chan error, 1)
+	go func() { errc <- s.srv.Serve(s.ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("health server: %w", err)
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = s.srv.Shutdown(shutdownCtx)
+	<-errc
+	return nil
+}

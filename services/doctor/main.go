@@ -1,0 +1,24 @@
+// Command leasehold-doctor runs findings from the database for operators.
+//
+// Flags fall back to LEASEHOLD_* environment variables (see docs/configuration.md);
+// SIGTERM stops it gracefully.
+package main
+
+import (
+	"context"
+
+	"github.com/grafana/dskit/services"
+
+	"github.com/leasehold/leasehold/pkg/process"
+)
+
+func main() {
+	process.Main(process.Spec{
+		Name:     "doctor",
+		HTTPAddr: "127.0.0.1:9106",
+		IDPrefix: "",
+		Build: func(ctx context.Context, p *process.Process) ([]services.Service, error) {
+			return nil, nil
+		},
+	})
+}

