@@ -4,6 +4,10 @@ SHELL := /bin/bash
 MODULES := $(shell go list -m -f '{{.Dir}}')
 SERVICES := worker scheduler gateway api site-agent doctor
 BIN := $(CURDIR)/bin
+# buf and the protoc plugins are pinned as tool directives in tools/go.mod,
+# a module kept out of go.work so buf's dependencies never change the
+# versions the services build with.
+BUF := GOWORK=off go -C tools tool buf
 
 .PHONY: all build test test-short generate check-generated lint vet fmt migrate run tidy bench clean stop
 
@@ -30,7 +34,7 @@ test-short:
 
 ## generate: regenerate pkg/gen from proto/ with the pinned buf and plugins
 generate:
-	go tool buf generate
+	$(BUF) generate --template ../buf.gen.yaml -o .. ..
 	@gofmt -w pkg/gen >/dev/null
 
 ## check-generated: fail when pkg/gen is stale against proto/
@@ -40,7 +44,7 @@ check-generated: generate
 
 ## lint: buf lint, gofmt and go vet over every module
 lint: vet
-	go tool buf lint
+	$(BUF) lint ..
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 
@@ -59,7 +63,11 @@ run: build
 	go run ./tools/devstack -bin $(BIN) $(RUN_ARGS)
 
 tidy:
-	@for m in $(MODULES); do (cd $$m && GOWORK=off go mod tidy) || exit 1; done
+	@for m in $(MODULES) $(CURDIR)/tools; do (cd $$m && GOWORK=off go mod tidy) || exit 1; done
+
+## breaking: buf's breaking-change check of proto/ against main
+breaking:
+	$(BUF) breaking .. --against '../.git#branch=main,subdir=proto'
 
 clean:
 	rm -rf $(BIN)
