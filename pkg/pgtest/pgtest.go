@@ -86,11 +86,23 @@ func New(t testing.TB) *pgxpool.Pool {
 // NewDB creates a fresh, migrated database for the test and returns it.
 func NewDB(t testing.TB) *DB {
 	t.Helper()
+	return newDB(t, templateDB)
+}
+
+// NewEmpty creates a fresh database with no migrations applied, for tests
+// of the migration path itself.
+func NewEmpty(t testing.TB) *DB {
+	t.Helper()
+	return newDB(t, "template0")
+}
+
+func newDB(t testing.TB, template string) *DB {
+	t.Helper()
 	s := Server(t)
 	name := fmt.Sprintf("t_%d_%d", os.Getpid(), dbSeq.Add(1))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := s.exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+templateDB); err != nil {
+	if err := s.exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+template); err != nil {
 		t.Fatalf("pgtest: create database: %v", err)
 	}
 	u := s.urlFor(name)
@@ -182,10 +194,9 @@ func startServer(ctx context.Context) (*server, error) {
 	return startLocal(ctx)
 }
 
-// prepareTemplate (re)creates the migrated template database. Each binary
-// uses its own template name on a shared external server? No: creating a
-// template is serialised by the migration lock, and a template already at
-// the binary's version is reused.
+// prepareTemplate creates the migrated template database, or brings an
+// existing one (on a shared external server) up to this binary's version.
+// An advisory lock serialises test binaries that share one server.
 func (s *server) prepareTemplate(ctx context.Context) error {
 	conn, err := pgx.Connect(ctx, s.adminURL)
 	if err != nil {
