@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jonboulle/clockwork"
+
+	"github.com/leasehold/leasehold/pkg/pgdb"
 )
 
 // ReleaseChannel is the NOTIFY channel on which a release publishes the
@@ -235,13 +237,19 @@ func (c *Client) Release(ctx context.Context, names ...string) ([]string, error)
 	return released, nil
 }
 
-// ReleaseAll releases every lease this owner holds (shutdown).
-func (c *Client) ReleaseAll(ctx context.Context) ([]string, error) {
-	rows, err := c.db.Query(ctx, `
+const releaseAllSQL = `
 WITH released AS (
   UPDATE leases SET owner = NULL, expires_at = '-infinity' WHERE owner = $1 RETURNING name
 )
-SELECT name, pg_notify('`+ReleaseChannel+`', name) FROM released`, c.owner)
+SELECT name, pg_notify('` + ReleaseChannel + `', name) FROM released`
+
+// ReleaseAll releases every lease this owner holds (self-release, shutdown).
+func (c *Client) ReleaseAll(ctx context.Context) ([]string, error) {
+	return c.releaseAll(ctx, c.db)
+}
+
+func (c *Client) releaseAll(ctx context.Context, q pgdb.Querier) ([]string, error) {
+	rows, err := q.Query(ctx, releaseAllSQL, c.owner)
 	if err != nil {
 		return nil, fmt.Errorf("release all leases of %s: %w", c.owner, err)
 	}
@@ -254,4 +262,21 @@ SELECT name, pg_notify('`+ReleaseChannel+`', name) FROM released`, c.owner)
 		return nil, fmt.Errorf("release all leases of %s: %w", c.owner, err)
 	}
 	return released, nil
+}
+
+// LeaveAndReleaseAll deletes the owner's workers rows and releases every
+// lease it holds in one transaction: the NOTIFYs go out at commit, when
+// survivors already see the member gone, so their very next pass takes
+// its shards.
+func (c *Client) LeaveAndReleaseAll(ctx context.Context, rowIDs []string) ([]string, error) {
+	var released []string
+	err := pgdb.InTx(ctx, c.db, func(tx pgx.Tx) error {
+		if err := Leave(ctx, tx, rowIDs...); err != nil {
+			return err
+		}
+		var err error
+		released, err = c.releaseAll(ctx, tx)
+		return err
+	})
+	return released, err
 }
