@@ -8,6 +8,7 @@ import (
 	"os"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/grafana/dskit/services"
@@ -53,6 +54,7 @@ type Renewer struct {
 	host   string
 
 	trigger chan string
+	halted  atomic.Bool
 
 	mu          sync.RWMutex
 	held        map[string]Lease // by name
@@ -264,6 +266,9 @@ func (r *Renewer) due() (string, bool) {
 // pass is one membership pass. Errors are logged and counted: the next tick
 // retries, and leases stay trusted only until their ValidUntil.
 func (r *Renewer) pass(ctx context.Context, trigger string) {
+	if r.halted.Load() {
+		return // self-released: never take a lease again; /livez fails
+	}
 	r.m.passes.WithLabelValues(trigger).Inc()
 	start := r.clock.Now()
 	if err := r.doPass(ctx); err != nil {
@@ -486,8 +491,10 @@ func (r *Renewer) stopping(_ error) error {
 }
 
 // SelfRelease gives up every lease at once (a stalled process), so a
-// successor need not wait for the TTL.
+// successor need not wait for the TTL, and halts the loop for good: it takes
+// no lease again and its liveness check fails, so the process is restarted.
 func (r *Renewer) SelfRelease(ctx context.Context) ([]string, error) {
+	r.halted.Store(true)
 	released, err := r.client.ReleaseAll(ctx)
 	r.forget(released...)
 	return released, err

@@ -10,17 +10,13 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/leasehold/leasehold/pkg/coord"
+	"github.com/leasehold/leasehold/pkg/pgdb"
 )
 
 // Querier runs statements: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+type Querier = pgdb.Querier
 
 // ErrClaimLost is returned (wrapped) by Complete and Fail when the item's
 // claim is no longer the one on the row: it expired and was claimed again,
@@ -368,4 +364,16 @@ func ReleaseClaims(ctx context.Context, db Querier, owner string) (int, error) {
 		return 0, fmt.Errorf("release work queue claims of %s: %w", owner, err)
 	}
 	return int(tag.RowsAffected()), nil
+}
+
+const releaseOneSQL = releaseSQL + ` AND reconciler = $2 AND key = $3 AND claimed_until = $4`
+
+// ReleaseClaim gives up one claim (a key whose shard moved after the claim),
+// taking its attempt back. It returns whether the claim was still this one.
+func ReleaseClaim(ctx context.Context, db Querier, item Item) (bool, error) {
+	tag, err := db.Exec(ctx, releaseOneSQL, item.Owner, item.Reconciler, item.Key, item.ClaimedUntil)
+	if err != nil {
+		return false, fmt.Errorf("release claim on %s/%s: %w", item.Reconciler, item.Key, err)
+	}
+	return tag.RowsAffected() == 1, nil
 }
