@@ -9,14 +9,14 @@
 // it is expired, and its epoch rises on every change of owner, never on a
 // renewal. Every comparison uses compute_now(), the database's clock.
 //
-//	            acquire (expired)              renew (owner = me)
-//	 unowned ───────────────────▶ held(me, e+1) ─────────────┐
-//	    ▲                           │    ▲                    │
-//	    │ release (owner = me)      │    └────────────────────┘
-//	    └───────────────────────────┤
-//	                                │ expires_at passes, another acquires
-//	                                ▼
-//	                         held(other, e+2)   (my fenced writes now fail)
+//	           acquire (expired)              renew (owner = me)
+//	unowned ───────────────────▶ held(me, e+1) ─────────────┐
+//	   ▲                           │    ▲                    │
+//	   │ release (owner = me)      │    └────────────────────┘
+//	   └───────────────────────────┤
+//	                               │ expires_at passes, another acquires
+//	                               ▼
+//	                        held(other, e+2)   (my fenced writes now fail)
 //
 // # Fencing
 //

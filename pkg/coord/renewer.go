@@ -295,6 +295,7 @@ func (r *Renewer) doPass(ctx context.Context) error {
 		groups = []Group{Singletons}
 	}
 	var want, release []string
+	var silentAt time.Time // when a quiet member will count as silent
 	orphanNames := map[string]bool{}
 	members := map[string][]Member{}
 	for _, g := range groups {
@@ -312,6 +313,17 @@ func (r *Renewer) doPass(ctx context.Context) error {
 			held[n] = true
 		}
 		plan := PlanShards(g.RowID(r.client.Owner()), ms, held, t.LeaseTTL)
+		for _, m := range ms {
+			// A member quiet for longer than a renewal period may have
+			// crashed: look again the moment it would count as silent,
+			// rather than at the next period after that.
+			if m.ID != g.RowID(r.client.Owner()) && m.Age > t.Renew && m.Age <= t.LeaseTTL {
+				at := r.clock.Now().Add(t.LeaseTTL - m.Age + time.Millisecond)
+				if silentAt.IsZero() || at.Before(silentAt) {
+					silentAt = at
+				}
+			}
+		}
 		for _, s := range plan.Mine {
 			want = append(want, g.ShardLease(s))
 		}
@@ -334,7 +346,7 @@ func (r *Renewer) doPass(ctx context.Context) error {
 		r.logger.Info("released shards no longer owned", "count", len(released))
 	}
 	if len(want) == 0 {
-		r.finishPass(members, time.Time{})
+		r.finishPass(members, silentAt)
 		return nil
 	}
 	sent := r.clock.Now()
@@ -353,11 +365,14 @@ func (r *Renewer) doPass(ctx context.Context) error {
 			pending = append(pending, n)
 		}
 	}
-	var wake time.Time
+	wake := silentAt
 	if len(pending) > 0 {
-		wake, err = r.orphanExpiry(ctx, pending, grant)
+		expiry, err := r.orphanExpiry(ctx, pending, grant)
 		if err != nil {
 			return err
+		}
+		if !expiry.IsZero() && (wake.IsZero() || expiry.Before(wake)) {
+			wake = expiry
 		}
 	}
 	r.finishPass(members, wake)
