@@ -95,6 +95,46 @@ func NewRenewer(cfg RenewerConfig, client *Client, logger *slog.Logger, reg prom
 	return r, nil
 }
 
+func (r *Renewer) singletons() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return append([]string(nil), r.cfg.Singletons...)
+}
+
+// AddSingleton starts taking singleton lease name from the next pass on.
+func (r *Renewer) AddSingleton(name string) error {
+	if err := ValidateName(name); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range r.cfg.Singletons {
+		if s == name {
+			return nil
+		}
+	}
+	r.cfg.Singletons = append(r.cfg.Singletons, name)
+	r.Trigger("singleton-added")
+	return nil
+}
+
+// RemoveSingleton stops taking name and releases it if held, so another
+// process need not wait for the TTL (a deleted sink, say).
+func (r *Renewer) RemoveSingleton(ctx context.Context, name string) error {
+	r.mu.Lock()
+	kept := r.cfg.Singletons[:0:0]
+	for _, s := range r.cfg.Singletons {
+		if s != name {
+			kept = append(kept, s)
+		}
+	}
+	r.cfg.Singletons = kept
+	r.mu.Unlock()
+	released, err := r.client.Release(ctx, name)
+	r.forget(released...)
+	return err
+}
+
 // Loop is the renewal loop's progress watchdog, for /livez.
 func (r *Renewer) Loop() *health.Loop { return r.loop }
 
@@ -335,7 +375,7 @@ func (r *Renewer) doPass(ctx context.Context) error {
 			release = append(release, g.ShardLease(s))
 		}
 	}
-	want = append(want, r.cfg.Singletons...)
+	want = append(want, r.singletons()...)
 
 	if len(release) > 0 {
 		released, err := r.client.Release(ctx, release...)
@@ -469,7 +509,7 @@ func (r *Renewer) exportHeld() {
 	for _, l := range held {
 		epochs[l.Name] = l.Epoch
 	}
-	for _, s := range r.cfg.Singletons {
+	for _, s := range r.singletons() {
 		r.m.epochs.WithLabelValues(s).Set(float64(epochs[s]))
 	}
 }
@@ -550,7 +590,7 @@ func (h releaseHandler) HandleNotification(_ context.Context, n *pgconn.Notifica
 // interested reports whether a released lease is one this process may take:
 // a singleton it runs or a shard of one of its groups that it does not hold.
 func (r *Renewer) interested(name string) bool {
-	for _, s := range r.cfg.Singletons {
+	for _, s := range r.singletons() {
 		if s == name {
 			return true
 		}

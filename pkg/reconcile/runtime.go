@@ -34,6 +34,15 @@ type Sharded struct {
 	Reconcile Func
 }
 
+type leaseKey struct{}
+
+// LeaseFrom returns the shard lease a sharded reconcile runs under (its
+// epoch is the fencing token to record, e.g. on an allocation).
+func LeaseFrom(ctx context.Context) (coord.Lease, bool) {
+	l, ok := ctx.Value(leaseKey{}).(coord.Lease)
+	return l, ok
+}
+
 // Job runs while its process holds the job's lease. ctx ends when the lease
 // is lost, released or the process stops; every write goes through
 // jc.RunFenced, fenced on the lease at the epoch the job started with.
@@ -102,9 +111,12 @@ type Runtime struct {
 	reg     prometheus.Registerer
 	notify  string
 
-	sharded []Sharded
-	jobs    []Job
-	loops   map[string]*health.Loop
+	sharded   []Sharded
+	jobsMu    sync.Mutex
+	jobs      []Job
+	jobCtx    context.Context
+	jobCancel map[string]context.CancelFunc
+	loops     map[string]*health.Loop
 
 	stalled    chan string
 	stallOnce  sync.Once
@@ -142,7 +154,7 @@ func New(cfg Config, db *pgxpool.Pool, opts Options) (*Runtime, error) {
 	rt := &Runtime{
 		cfg: cfg, db: db, client: client, logger: opts.Logger, clock: opts.Clock,
 		m: newMetrics(opts.Registerer), reg: opts.Registerer, notify: opts.NotifyURL,
-		loops: map[string]*health.Loop{}, stalled: make(chan string, 1),
+		loops: map[string]*health.Loop{}, stalled: make(chan string, 1), jobCancel: map[string]context.CancelFunc{},
 	}
 	rt.BasicService = services.NewBasicService(rt.starting, rt.running, rt.stopping).WithName("reconcile")
 	return rt, nil
@@ -160,7 +172,8 @@ func (rt *Runtime) RegisterSharded(s Sharded) error {
 	return nil
 }
 
-// RegisterJob adds a singleton job. Call before starting.
+// RegisterJob adds a singleton job. Before start it is part of the first
+// pass; while running it starts being taken from the next pass on.
 func (rt *Runtime) RegisterJob(j Job) error {
 	if err := coord.ValidateName(j.LeaseName()); err != nil {
 		return fmt.Errorf("job %s: %w", j.Name, err)
@@ -168,13 +181,64 @@ func (rt *Runtime) RegisterJob(j Job) error {
 	if j.Run == nil {
 		return fmt.Errorf("job %s: needs a Run func", j.Name)
 	}
-	for _, o := range rt.jobs {
-		if o.LeaseName() == j.LeaseName() {
+	for _, name := range rt.Jobs() {
+		if name == j.LeaseName() {
 			return fmt.Errorf("job %s: lease %s registered twice", j.Name, j.LeaseName())
 		}
 	}
+	rt.jobsMu.Lock()
 	rt.jobs = append(rt.jobs, j)
+	running := rt.jobCtx != nil
+	rt.jobsMu.Unlock()
+	if running {
+		if err := rt.renewer.AddSingleton(j.LeaseName()); err != nil {
+			return err
+		}
+		rt.startJob(j)
+	}
 	return nil
+}
+
+// RemoveJob stops a running singleton job and releases its lease.
+func (rt *Runtime) RemoveJob(ctx context.Context, leaseName string) error {
+	rt.jobsMu.Lock()
+	cancel := rt.jobCancel[leaseName]
+	delete(rt.jobCancel, leaseName)
+	kept := rt.jobs[:0:0]
+	for _, j := range rt.jobs {
+		if j.LeaseName() != leaseName {
+			kept = append(kept, j)
+		}
+	}
+	rt.jobs = kept
+	rt.jobsMu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	if rt.renewer == nil {
+		return nil
+	}
+	return rt.renewer.RemoveSingleton(ctx, leaseName)
+}
+
+// Jobs returns the lease names of the registered jobs.
+func (rt *Runtime) Jobs() []string {
+	rt.jobsMu.Lock()
+	defer rt.jobsMu.Unlock()
+	out := make([]string, len(rt.jobs))
+	for i, j := range rt.jobs {
+		out[i] = j.LeaseName()
+	}
+	return out
+}
+
+func (rt *Runtime) startJob(j Job) {
+	rt.jobsMu.Lock()
+	ctx, cancel := context.WithCancel(rt.jobCtx)
+	rt.jobCancel[j.LeaseName()] = cancel
+	rt.jobsMu.Unlock()
+	rt.wg.Add(1)
+	go func() { defer rt.wg.Done(); rt.superviseJob(ctx, j) }()
 }
 
 // Renewer is the process's renewal loop (nil before start).
@@ -241,10 +305,7 @@ func (rt *Runtime) starting(ctx context.Context) error {
 			gs = append(gs, s.Group)
 		}
 	}
-	var singletons []string
-	for _, j := range rt.jobs {
-		singletons = append(singletons, j.LeaseName())
-	}
+	singletons := rt.Jobs()
 	r, err := coord.NewRenewer(coord.RenewerConfig{
 		Groups: gs, Singletons: singletons, Timings: rt.cfg.Timings, NotifyURL: rt.notify, Version: rt.cfg.Version,
 	}, rt.client, rt.logger, rt.reg, rt.clock)
@@ -266,9 +327,12 @@ func (rt *Runtime) running(ctx context.Context) error {
 		rt.wg.Add(1)
 		go func() { defer rt.wg.Done(); rt.runSharded(loopCtx, s, l) }()
 	}
-	for _, j := range rt.jobs {
-		rt.wg.Add(1)
-		go func() { defer rt.wg.Done(); rt.superviseJob(loopCtx, j) }()
+	rt.jobsMu.Lock()
+	rt.jobCtx = loopCtx
+	jobs := append([]Job(nil), rt.jobs...)
+	rt.jobsMu.Unlock()
+	for _, j := range jobs {
+		rt.startJob(j)
 	}
 	rt.wg.Add(1)
 	go func() { defer rt.wg.Done(); rt.watch(loopCtx) }()
@@ -409,6 +473,7 @@ func (rt *Runtime) runOne(ctx context.Context, s Sharded, it queue.Item) {
 	start := rt.clock.Now()
 	err := coord.RunFenced(ctx, rt.db, lease, rt.fenceOptions(),
 		func(ctx context.Context, tx pgx.Tx) error {
+			ctx = context.WithValue(ctx, leaseKey{}, lease)
 			if err := s.Reconcile(ctx, tx, it.Key); err != nil {
 				return err
 			}

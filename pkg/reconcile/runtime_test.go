@@ -179,16 +179,16 @@ func TestSinkDeliversEveryRecordAcrossTakeover(t *testing.T) {
 	var mu sync.Mutex
 	got := map[int64]int{}
 	sink := reconcile.Sink{ID: "audit", Limit: 20, Idle: 20 * time.Millisecond,
-		Fetch: func(ctx context.Context, db *pgxpool.Pool, cursor int64, limit int) (any, int64, int, error) {
-			rows, err := db.Query(ctx, "SELECT id FROM events WHERE id > $1 ORDER BY id LIMIT $2", cursor, limit)
+		Fetch: func(ctx context.Context, db *pgxpool.Pool, cursor reconcile.Cursor, limit int) (any, reconcile.Cursor, int, error) {
+			rows, err := db.Query(ctx, "SELECT id FROM events WHERE id > $1 ORDER BY id LIMIT $2", cursor.Seq, limit)
 			if err != nil {
-				return nil, 0, 0, err
+				return nil, cursor, 0, err
 			}
 			ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 			if err != nil || len(ids) == 0 {
 				return nil, cursor, 0, err
 			}
-			return ids, ids[len(ids)-1], len(ids), nil
+			return ids, reconcile.Cursor{Seq: ids[len(ids)-1]}, len(ids), nil
 		},
 		Deliver: func(ctx context.Context, batch any) error {
 			time.Sleep(5 * time.Millisecond)

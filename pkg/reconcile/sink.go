@@ -12,6 +12,14 @@ import (
 	"github.com/leasehold/leasehold/pkg/coord"
 )
 
+// Cursor is a sink's position: records are read in (TxID, Seq) order, so a
+// cursor never passes a record that commits later (see migration 00012).
+// Sinks over a plain sequence leave TxID at 0.
+type Cursor struct {
+	TxID int64
+	Seq  int64
+}
+
 // Sink delivers records past a cursor, in batches, somewhere outside the
 // database (a webhook, say).
 type Sink struct {
@@ -19,7 +27,7 @@ type Sink struct {
 	ID string
 	// Fetch reads up to limit records after cursor and returns them with the
 	// cursor of the last one.
-	Fetch func(ctx context.Context, db *pgxpool.Pool, cursor int64, limit int) (batch any, next int64, n int, err error)
+	Fetch func(ctx context.Context, db *pgxpool.Pool, cursor Cursor, limit int) (batch any, next Cursor, n int, err error)
 	// Deliver sends one batch; it is retried with back-off while the lease
 	// is held.
 	Deliver func(ctx context.Context, batch any) error
@@ -50,8 +58,8 @@ func (rt *Runtime) RegisterSink(s Sink) error {
 }
 
 func (rt *Runtime) runSink(ctx context.Context, jc *JobContext, s Sink) error {
-	var cursor int64
-	err := rt.db.QueryRow(ctx, "SELECT cursor FROM sink_cursors WHERE sink_id = $1", s.ID).Scan(&cursor)
+	var cursor Cursor
+	err := rt.db.QueryRow(ctx, "SELECT cursor_txid, cursor FROM sink_cursors WHERE sink_id = $1", s.ID).Scan(&cursor.TxID, &cursor.Seq)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("read cursor of sink %s: %w", s.ID, err)
 	}
@@ -95,9 +103,10 @@ func (rt *Runtime) runSink(ctx context.Context, jc *JobContext, s Sink) error {
 		rt.m.sinkBatches.WithLabelValues(s.ID, "ok").Inc()
 		err = jc.RunFenced(ctx, func(ctx context.Context, tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `
-INSERT INTO sink_cursors (sink_id, cursor, lease_epoch, updated_at) VALUES ($1, $2, $3, compute_now())
-ON CONFLICT (sink_id) DO UPDATE SET cursor = EXCLUDED.cursor, lease_epoch = EXCLUDED.lease_epoch, updated_at = EXCLUDED.updated_at`,
-				s.ID, next, jc.Lease.Epoch)
+INSERT INTO sink_cursors (sink_id, cursor_txid, cursor, lease_epoch, updated_at) VALUES ($1, $2, $3, $4, compute_now())
+ON CONFLICT (sink_id) DO UPDATE SET cursor_txid = EXCLUDED.cursor_txid, cursor = EXCLUDED.cursor,
+  lease_epoch = EXCLUDED.lease_epoch, updated_at = EXCLUDED.updated_at`,
+				s.ID, next.TxID, next.Seq, jc.Lease.Epoch)
 			return err
 		})
 		if errors.Is(err, coord.ErrLeaseLost) {

@@ -1,24 +1,73 @@
-// Command leasehold-worker runs the controllers group: node and site reconcilers and the singleton jobs.
+// Command leasehold-worker runs the controllers group: the node reconciler
+// (sharded by node id), the node scan, the command sweeper, the janitor, the
+// metrics:command-latency collector and one webhook sink per configured sink.
 //
-// Flags fall back to LEASEHOLD_* environment variables (see docs/configuration.md);
-// SIGTERM stops it gracefully.
+// Flags fall back to LEASEHOLD_* environment variables (see
+// docs/configuration.md); SIGTERM releases every lease and leaves.
 package main
 
 import (
 	"context"
+	"errors"
+	"flag"
+	"time"
 
 	"github.com/grafana/dskit/services"
 
 	"github.com/leasehold/leasehold/pkg/process"
+	"github.com/leasehold/leasehold/pkg/reconcile"
+	"github.com/leasehold/leasehold/services/worker/internal/collector"
+	"github.com/leasehold/leasehold/services/worker/internal/janitor"
+	"github.com/leasehold/leasehold/services/worker/internal/nodestate"
+	"github.com/leasehold/leasehold/services/worker/internal/sinks"
+	"github.com/leasehold/leasehold/services/worker/internal/sweeper"
 )
 
+type config struct {
+	runtime      reconcile.Config
+	nodes        nodestate.Config
+	sweeper      sweeper.Config
+	janitor      janitor.Config
+	collectEvery time.Duration
+	sinksRefresh time.Duration
+}
+
 func main() {
+	cfg := config{runtime: reconcile.DefaultConfig(), nodes: nodestate.DefaultConfig(),
+		sweeper: sweeper.DefaultConfig(), janitor: janitor.DefaultConfig(),
+		collectEvery: 10 * time.Second, sinksRefresh: 10 * time.Second}
 	process.Main(process.Spec{
 		Name:     "worker",
 		HTTPAddr: "127.0.0.1:9101",
-		IDPrefix: "",
+		Flags: func(fs *flag.FlagSet) {
+			cfg.runtime.RegisterFlags("coord.", fs)
+			cfg.nodes.RegisterFlags("nodes.", fs)
+			cfg.sweeper.RegisterFlags("sweeper.", fs)
+			cfg.janitor.RegisterFlags("janitor.", fs)
+			fs.DurationVar(&cfg.collectEvery, "collector.interval", cfg.collectEvery, "fleet gauge refresh period of the metrics:command-latency holder")
+			fs.DurationVar(&cfg.sinksRefresh, "sinks.refresh", cfg.sinksRefresh, "how often the sinks table is re-read")
+		},
+		Validate: func() error {
+			return errors.Join(cfg.runtime.Validate(), cfg.nodes.Validate(), cfg.sweeper.Validate(), cfg.janitor.Validate())
+		},
 		Build: func(ctx context.Context, p *process.Process) ([]services.Service, error) {
-			return nil, nil
+			rt, err := reconcile.New(cfg.runtime, p.DB, reconcile.Options{
+				Owner: p.Config.ID, NotifyURL: p.Config.NotifyURL(), Logger: p.Logger, Registerer: p.Registry,
+			})
+			if err != nil {
+				return nil, err
+			}
+			err = errors.Join(
+				nodestate.Register(rt, cfg.nodes),
+				sweeper.Register(rt, cfg.sweeper, p.Registry),
+				janitor.Register(rt, cfg.janitor, p.Registry),
+				collector.New(p.Registry, cfg.collectEvery).Register(rt),
+			)
+			if err != nil {
+				return nil, err
+			}
+			rt.AddHealth(p.Health)
+			return []services.Service{rt, sinks.NewManager(p.DB, rt, p.Logger, cfg.sinksRefresh)}, nil
 		},
 	})
 }

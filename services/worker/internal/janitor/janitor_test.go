@@ -1,0 +1,60 @@
+package janitor_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/leasehold/leasehold/pkg/pgdb"
+	"github.com/leasehold/leasehold/pkg/pgtest"
+	"github.com/leasehold/leasehold/services/worker/internal/janitor"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func TestJanitorTrimsAgedRowsAndKeepsUndeliveredEvents(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `
+INSERT INTO workers (id, heartbeat_at) VALUES ('old', compute_now() - interval '11 minutes'), ('live', compute_now());
+INSERT INTO nodes (id) VALUES ('n1');
+INSERT INTO commands (id, node_id, kind, state, finished_at) VALUES
+  ('old-done', 'n1', 'k', 'succeeded', compute_now() - interval '8 days'),
+  ('new-done', 'n1', 'k', 'succeeded', compute_now()),
+  ('old-pending', 'n1', 'k', 'pending', NULL);
+INSERT INTO command_results (node_id, id, command_id, exit_code, gateway_id, session_epoch) VALUES ('n1', 'r1', 'old-done', 0, 'gw', 1);
+INSERT INTO node_events (node_id, id, kind, received_at, gateway_id, session_epoch) VALUES
+  ('n1', 'e-old-1', 'k', compute_now() - interval '8 days', 'gw', 1),
+  ('n1', 'e-new', 'k', compute_now(), 'gw', 1);
+INSERT INTO node_events (node_id, id, kind, received_at, gateway_id, session_epoch) VALUES
+  ('n1', 'e-old-2', 'k', compute_now() - interval '8 days', 'gw', 1);`)
+	require.NoError(t, err)
+	// A sink that has delivered e-old-1 but not e-old-2 (a later transaction).
+	_, err = db.Exec(ctx, `
+INSERT INTO sinks (id, url, secret) VALUES ('s1', 'http://127.0.0.1:1/', 'abcdefghijklmnop');
+INSERT INTO sink_cursors (sink_id, cursor_txid, cursor)
+  SELECT 's1', txid::text::bigint, seq FROM node_events WHERE id = 'e-old-1'`)
+	require.NoError(t, err)
+
+	var c janitor.Counts
+	require.NoError(t, pgdb.InTx(ctx, db, func(tx pgx.Tx) error {
+		var err error
+		c, err = janitor.Run(ctx, tx, janitor.DefaultConfig())
+		return err
+	}))
+	require.Equal(t, janitor.Counts{Workers: 1, Commands: 1, Events: 1}, c)
+	ids := func(sql string) []string {
+		rows, err := db.Query(ctx, sql)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return out
+	}
+	require.Equal(t, []string{"live"}, ids("SELECT id FROM workers ORDER BY id"))
+	require.Equal(t, []string{"new-done", "old-pending"}, ids("SELECT id FROM commands ORDER BY id"))
+	require.Empty(t, ids("SELECT id FROM command_results"), "results went with their command")
+	require.Equal(t, []string{"e-new", "e-old-2"}, ids("SELECT id FROM node_events ORDER BY id"), "an undelivered event is kept past retention")
+}
