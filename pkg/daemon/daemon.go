@@ -1,0 +1,480 @@
+// Package daemon is the node side of a session (DESIGN.md section 8): it
+// dials a gateway through its balancer address over HTTP/2 (h2c or TLS),
+// says Hello with the node's credential and the commands its journal has in
+// flight, heartbeats, executes commands at most once through a Journal,
+// and redials with full-jitter back-off, honouring Pushback and Drain.
+//
+// A silent gateway (a host gone without a RST, or a paused process) is
+// detected by HTTP/2 PINGs after ReadIdleTimeout (10 s) with PingTimeout
+// (5 s), or by a missing HeartbeatAck, whichever comes first: within 15 s.
+package daemon
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/jonboulle/clockwork"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
+	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
+)
+
+// Outcome is how a command ended, as the Handler reports it.
+type Outcome struct {
+	ExitCode int32
+	Output   []byte
+	// Err says why the command could not run or complete.
+	Err string
+}
+
+// Handler executes a command. It runs on its own goroutine, at most once
+// per command id over the journal's lifetime.
+type Handler func(ctx context.Context, cmd *nodev1.Command) Outcome
+
+// Config configures a Daemon.
+type Config struct {
+	// Address is the gateway (balancer) base URL: http://host:port for h2c,
+	// https://host:port for TLS.
+	Address string
+	// NodeID and Credential authenticate the node.
+	NodeID, Credential string
+	// Kind defaults to NODE_KIND_NODE.
+	Kind nodev1.NodeKind
+	// SiteID, Labels and Version are reported on Hello.
+	SiteID  string
+	Labels  map[string]string
+	Version string
+	// TLS is the client TLS configuration for https addresses (client
+	// certificates for mTLS go here).
+	TLS *tls.Config
+	// Journal deduplicates replays (default: in memory).
+	Journal Journal
+	// Handler executes commands (required).
+	Handler Handler
+	// OnSpec receives the spec from Welcome and every NodeSpecUpdate.
+	OnSpec func(*nodev1.NodeSpec)
+	// OnWelcome is called for every accepted Hello.
+	OnWelcome func(*nodev1.Welcome)
+
+	// BackoffBase and BackoffMax bound redial back-off (1 s, 60 s);
+	// StableAfter is how long a session must last to reset it (30 s).
+	BackoffBase, BackoffMax, StableAfter time.Duration
+	// HelloTimeout bounds the wait for Welcome (15 s).
+	HelloTimeout time.Duration
+	// HeartbeatTimeout is how long the daemon waits for any message,
+	// heartbeat acks included, before it treats the gateway as silent
+	// (default 2 heartbeat intervals + 2 s, at most 15 s).
+	HeartbeatTimeout time.Duration
+	// ReadIdleTimeout and PingTimeout tune HTTP/2 health pings (10 s, 5 s).
+	ReadIdleTimeout, PingTimeout time.Duration
+	// MaxMessageBytes bounds messages read from the gateway (4 MiB).
+	MaxMessageBytes int
+
+	// Clock and Rand are injectable for tests.
+	Clock clockwork.Clock
+	Rand  func() float64
+	// HTTPClient overrides the transport built from the fields above.
+	HTTPClient connect.HTTPClient
+	Logger     *slog.Logger
+}
+
+// Stats counts what a daemon did.
+type Stats struct {
+	Dials, Welcomes, Pushbacks, Drains, Executions, Replays int64
+}
+
+// Daemon keeps a node's session.
+type Daemon struct {
+	cfg       Config
+	client    nodev1connect.NodeGatewayServiceClient
+	transport *http.Transport
+	clock     clockwork.Clock
+	log       *slog.Logger
+	backoff   Backoff
+
+	dials, welcomes, pushbacks, drains, executions, replays atomic.Int64
+
+	mu      sync.Mutex
+	running map[string]bool
+	stream  *connect.BidiStreamForClient[nodev1.ConnectRequest, nodev1.ConnectResponse]
+	welcome *nodev1.Welcome
+	wg      sync.WaitGroup
+}
+
+// New validates cfg and returns a daemon; Run starts it.
+func New(cfg Config) (*Daemon, error) {
+	if cfg.Address == "" || cfg.NodeID == "" || cfg.Credential == "" || cfg.Handler == nil {
+		return nil, errors.New("daemon: Address, NodeID, Credential and Handler are required")
+	}
+	if !strings.HasPrefix(cfg.Address, "http://") && !strings.HasPrefix(cfg.Address, "https://") {
+		return nil, fmt.Errorf("daemon: address %q must start with http:// (h2c) or https://", cfg.Address)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&cfg.BackoffBase, time.Second)
+	def(&cfg.BackoffMax, 60*time.Second)
+	def(&cfg.StableAfter, 30*time.Second)
+	def(&cfg.HelloTimeout, 15*time.Second)
+	def(&cfg.ReadIdleTimeout, 10*time.Second)
+	def(&cfg.PingTimeout, 5*time.Second)
+	if cfg.Kind == nodev1.NodeKind_NODE_KIND_UNSPECIFIED {
+		cfg.Kind = nodev1.NodeKind_NODE_KIND_NODE
+	}
+	if cfg.MaxMessageBytes <= 0 {
+		cfg.MaxMessageBytes = 4 << 20
+	}
+	if cfg.Journal == nil {
+		cfg.Journal = NewMemoryJournal()
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clockwork.NewRealClock()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	d := &Daemon{cfg: cfg, clock: cfg.Clock, log: cfg.Logger.With("node", cfg.NodeID), running: map[string]bool{},
+		backoff: Backoff{Base: cfg.BackoffBase, Max: cfg.BackoffMax, Rand: cfg.Rand}}
+	httpClient := cfg.HTTPClient
+	if httpClient == nil {
+		d.transport = newTransport(cfg)
+		httpClient = &http.Client{Transport: d.transport}
+	}
+	d.client = nodev1connect.NewNodeGatewayServiceClient(httpClient, cfg.Address, connect.WithReadMaxBytes(cfg.MaxMessageBytes))
+	return d, nil
+}
+
+func newTransport(cfg Config) *http.Transport {
+	protocols := new(http.Protocols)
+	if strings.HasPrefix(cfg.Address, "https://") {
+		protocols.SetHTTP2(true)
+	} else {
+		protocols.SetUnencryptedHTTP2(true)
+	}
+	return &http.Transport{
+		Protocols:       protocols,
+		TLSClientConfig: cfg.TLS,
+		DialContext:     (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		HTTP2: &http.HTTP2Config{
+			SendPingTimeout: cfg.ReadIdleTimeout,
+			PingTimeout:     cfg.PingTimeout,
+		},
+		TLSHandshakeTimeout: 10 * time.Second,
+	}
+}
+
+// Stats returns the daemon's counters.
+func (d *Daemon) Stats() Stats {
+	return Stats{Dials: d.dials.Load(), Welcomes: d.welcomes.Load(), Pushbacks: d.pushbacks.Load(),
+		Drains: d.drains.Load(), Executions: d.executions.Load(), Replays: d.replays.Load()}
+}
+
+// Welcome is the current session's Welcome, nil when not connected.
+func (d *Daemon) Welcome() *nodev1.Welcome {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.stream == nil {
+		return nil
+	}
+	return d.welcome
+}
+
+// ErrNotConnected is returned by SendEvent when no session is open.
+var ErrNotConnected = errors.New("daemon: no session open")
+
+// SendEvent sends an event on the current session. Events are facts
+// deduplicated by event_id: resend with the same id after ErrNotConnected.
+func (d *Daemon) SendEvent(ev *nodev1.Event) error {
+	return d.send(&nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_Event{Event: ev}})
+}
+
+func (d *Daemon) send(msg *nodev1.ConnectRequest) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.stream == nil {
+		return ErrNotConnected
+	}
+	return d.stream.Send(msg)
+}
+
+type sessionEnd struct {
+	welcomed   bool
+	lasted     time.Duration
+	retryAfter time.Duration // from a Pushback
+	pushback   bool
+	drained    bool
+	err        error
+}
+
+// Run keeps a session open until ctx ends, then waits for running commands.
+func (d *Daemon) Run(ctx context.Context) error {
+	defer d.wg.Wait()
+	defer func() {
+		if d.transport != nil {
+			d.transport.CloseIdleConnections()
+		}
+	}()
+	for ctx.Err() == nil {
+		end := d.session(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		if d.transport != nil {
+			// Redial on a fresh connection so the balancer picks again.
+			d.transport.CloseIdleConnections()
+		}
+		var wait time.Duration
+		switch {
+		case end.pushback:
+			d.pushbacks.Add(1)
+			wait = end.retryAfter
+		case end.drained:
+			d.backoff.Reset()
+		default:
+			if end.welcomed && end.lasted >= d.cfg.StableAfter {
+				d.backoff.Reset()
+			}
+			wait = d.backoff.Next()
+		}
+		d.log.Debug("session ended; redialling", "err", end.err, "wait", wait, "pushback", end.pushback, "drained", end.drained)
+		select {
+		case <-ctx.Done():
+		case <-d.clock.After(wait):
+		}
+	}
+	return nil
+}
+
+var (
+	errSilent  = errors.New("gateway silent: no message within the heartbeat timeout")
+	errDrained = errors.New("gateway asked to drain")
+)
+
+func (d *Daemon) session(ctx context.Context) sessionEnd {
+	d.dials.Add(1)
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stream := d.client.Connect(sctx)
+	// Go's HTTP/2 transport does not notice a cancelled context while it
+	// waits for more of the request body, so closing the request side is
+	// what ends the stream when the session is cancelled.
+	closeReq := func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		_ = stream.CloseRequest()
+	}
+	stopClose := context.AfterFunc(sctx, closeReq)
+	defer func() {
+		if stopClose() {
+			closeReq()
+		}
+	}()
+	hello := &nodev1.Hello{
+		NodeId: d.cfg.NodeID, Credential: d.cfg.Credential, DaemonVersion: d.cfg.Version,
+		InFlightCommandIds: d.cfg.Journal.InFlight(), Kind: d.cfg.Kind, SiteId: d.cfg.SiteID, Labels: d.cfg.Labels,
+	}
+	d.mu.Lock()
+	err := stream.Send(&nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_Hello{Hello: hello}})
+	d.mu.Unlock()
+	if err != nil {
+		_, rerr := stream.Receive() // the real error is on the receive side
+		return sessionEnd{err: errors.Join(err, rerr)}
+	}
+	helloTimer := d.clock.AfterFunc(d.cfg.HelloTimeout, func() { cancel(errors.New("no Welcome within the hello timeout")) })
+	first, err := stream.Receive()
+	helloTimer.Stop()
+	if err != nil {
+		return sessionEnd{err: err}
+	}
+	if pb := first.GetPushback(); pb != nil {
+		_, err := stream.Receive()
+		return sessionEnd{pushback: true, retryAfter: pb.GetRetryAfter().AsDuration(), err: err}
+	}
+	welcome := first.GetWelcome()
+	if welcome == nil {
+		return sessionEnd{err: errors.New("gateway sent no Welcome")}
+	}
+	start := d.clock.Now()
+	d.welcomes.Add(1)
+	d.mu.Lock()
+	d.stream, d.welcome = stream, welcome
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		d.stream = nil
+		d.mu.Unlock()
+	}()
+	if d.cfg.OnWelcome != nil {
+		d.cfg.OnWelcome(welcome)
+	}
+	if d.cfg.OnSpec != nil && welcome.GetSpec() != nil {
+		d.cfg.OnSpec(welcome.GetSpec())
+	}
+
+	interval := welcome.GetHeartbeatInterval().AsDuration()
+	if interval <= 0 {
+		interval = 5 * time.Second
+	}
+	timeout := d.cfg.HeartbeatTimeout
+	if timeout <= 0 {
+		timeout = min(2*interval+2*time.Second, 15*time.Second)
+	}
+	var lastRecv atomic.Int64
+	lastRecv.Store(d.clock.Now().UnixNano())
+	hbDone := make(chan struct{})
+	go func() {
+		defer close(hbDone)
+		d.heartbeat(sctx, interval, timeout, &lastRecv, cancel)
+	}()
+	defer func() { cancel(nil); <-hbDone }()
+
+	var drainTimer clockwork.Timer
+	defer func() {
+		if drainTimer != nil {
+			drainTimer.Stop()
+		}
+	}()
+	for {
+		msg, err := stream.Receive()
+		if err != nil {
+			end := sessionEnd{welcomed: true, lasted: d.clock.Since(start), err: err}
+			if cause := context.Cause(sctx); errors.Is(cause, errDrained) {
+				end.drained = true
+			} else if cause != nil && !errors.Is(cause, context.Canceled) {
+				end.err = cause
+			}
+			return end
+		}
+		lastRecv.Store(d.clock.Now().UnixNano())
+		switch m := msg.GetMsg().(type) {
+		case *nodev1.ConnectResponse_Command:
+			d.handleCommand(ctx, m.Command)
+		case *nodev1.ConnectResponse_NodeSpecUpdate:
+			if d.cfg.OnSpec != nil && m.NodeSpecUpdate.GetSpec() != nil {
+				d.cfg.OnSpec(m.NodeSpecUpdate.GetSpec())
+			}
+		case *nodev1.ConnectResponse_Drain:
+			if drainTimer == nil {
+				delay := m.Drain.GetDelay().AsDuration()
+				d.log.Info("gateway asked to drain", "delay", delay, "reason", m.Drain.GetReason())
+				// Keep serving on this stream for the delay, then redial.
+				drainTimer = d.clock.AfterFunc(delay, func() { cancel(errDrained) })
+				d.drains.Add(1)
+			}
+		case *nodev1.ConnectResponse_HeartbeatAck, *nodev1.ConnectResponse_Welcome, *nodev1.ConnectResponse_Pushback:
+		}
+	}
+}
+
+func (d *Daemon) heartbeat(ctx context.Context, interval, timeout time.Duration, lastRecv *atomic.Int64, cancel context.CancelCauseFunc) {
+	t := d.clock.NewTicker(min(interval, timeout/2))
+	defer t.Stop()
+	var seq uint64
+	nextBeat := d.clock.Now()
+	for {
+		now := d.clock.Now()
+		if now.Sub(time.Unix(0, lastRecv.Load())) > timeout {
+			d.log.Warn("gateway silent; redialling", "timeout", timeout)
+			cancel(errSilent)
+			return
+		}
+		if !now.Before(nextBeat) {
+			seq++
+			_ = d.send(&nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_Heartbeat{Heartbeat: &nodev1.Heartbeat{
+				SentAt: timestamppb.New(now), Sequence: seq,
+			}}})
+			nextBeat = now.Add(interval)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.Chan():
+		}
+	}
+}
+
+// handleCommand runs a command at most once: a command with a journalled
+// result has its result re-sent; one started but never finished (the daemon
+// died meanwhile) is reported interrupted; one running now is left alone.
+func (d *Daemon) handleCommand(ctx context.Context, cmd *nodev1.Command) {
+	id := cmd.GetCommandId()
+	if id == "" {
+		return
+	}
+	d.mu.Lock()
+	if d.running[id] {
+		d.mu.Unlock()
+		d.replays.Add(1)
+		return
+	}
+	result, executed := d.cfg.Journal.Seen(id)
+	switch {
+	case result != nil:
+		d.mu.Unlock()
+		d.replays.Add(1)
+		d.sendResult(result)
+		return
+	case executed:
+		d.mu.Unlock()
+		d.replays.Add(1)
+		d.finish(id, &nodev1.CommandResult{CommandId: id, ResultId: id + "/interrupted", ExitCode: -1,
+			Error: "the daemon stopped while this command ran; it is not run again", FinishedAt: timestamppb.New(d.clock.Now())})
+		return
+	case cmd.GetDeadline() != nil && d.clock.Now().After(cmd.GetDeadline().AsTime()):
+		d.mu.Unlock()
+		d.finish(id, &nodev1.CommandResult{CommandId: id, ResultId: id + "/deadline", ExitCode: -1,
+			Error: "deadline passed before the command started", FinishedAt: timestamppb.New(d.clock.Now())})
+		return
+	}
+	if err := d.cfg.Journal.Record(id, nil); err != nil {
+		d.mu.Unlock()
+		d.log.Error("journal command start; not executing", "command", id, "err", err)
+		return
+	}
+	d.running[id] = true
+	d.mu.Unlock()
+	_ = d.send(&nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_CommandAck{CommandAck: &nodev1.CommandAck{CommandId: id}}})
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		started := d.clock.Now()
+		d.executions.Add(1)
+		out := d.cfg.Handler(ctx, cmd)
+		res := &nodev1.CommandResult{CommandId: id, ResultId: id + "/1", ExitCode: out.ExitCode, Output: out.Output,
+			Error: out.Err, StartedAt: timestamppb.New(started), FinishedAt: timestamppb.New(d.clock.Now())}
+		d.finish(id, res)
+		d.mu.Lock()
+		delete(d.running, id)
+		d.mu.Unlock()
+	}()
+}
+
+func (d *Daemon) finish(id string, res *nodev1.CommandResult) {
+	if err := d.cfg.Journal.Record(id, res); err != nil {
+		d.log.Error("journal command result", "command", id, "err", err)
+	}
+	d.sendResult(res)
+}
+
+// sendResult sends res now if a session is open; otherwise the gateway
+// replays the command on the next Hello and the journal re-sends it.
+func (d *Daemon) sendResult(res *nodev1.CommandResult) {
+	if err := d.send(&nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_CommandResult{CommandResult: res}}); err != nil {
+		d.log.Debug("result not sent now; it is re-sent on replay", "command", res.GetCommandId(), "err", err)
+	}
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

@@ -1,0 +1,252 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/jonboulle/clockwork"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
+	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type stream = connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse]
+
+// fakeGateway runs script for every stream, numbered from 1.
+type fakeGateway struct {
+	dials  atomic.Int64
+	script func(n int64, ctx context.Context, s *stream) error
+}
+
+func (f *fakeGateway) Connect(ctx context.Context, s *stream) error {
+	return f.script(f.dials.Add(1), ctx, s)
+}
+
+func startFake(t *testing.T, f *fakeGateway) string {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.Handle(nodev1connect.NewNodeGatewayServiceHandler(f))
+	srv := httptest.NewUnstartedServer(mux)
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func welcome(s *stream) error {
+	if _, err := s.Receive(); err != nil {
+		return err
+	}
+	return s.Send(&nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Welcome{Welcome: &nodev1.Welcome{
+		SessionEpoch: 1, HeartbeatInterval: durationpb.New(time.Hour),
+	}}})
+}
+
+func drainUntilDone(ctx context.Context, s *stream) error {
+	for {
+		if _, err := s.Receive(); err != nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+func TestBackoffFullJitterBounds(t *testing.T) {
+	t.Parallel()
+	b := Backoff{Base: time.Second, Max: 60 * time.Second, Rand: func() float64 { return 0.999999 }}
+	var got []time.Duration
+	for range 9 {
+		got = append(got, b.Next().Round(time.Second))
+	}
+	require.Equal(t, []time.Duration{1, 2, 4, 8, 16, 32, 60, 60, 60}, secs(got))
+	b.Reset()
+	require.Equal(t, time.Second, b.Bound())
+	b.Rand = func() float64 { return 0 }
+	require.Zero(t, b.Next())
+
+	r := Backoff{Base: time.Second, Max: 60 * time.Second}
+	for range 1000 {
+		bound := r.Bound()
+		d := r.Next()
+		require.GreaterOrEqual(t, d, time.Duration(0))
+		require.LessOrEqual(t, d, bound)
+	}
+}
+
+func secs(ds []time.Duration) []time.Duration {
+	out := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		out[i] = d / time.Second
+	}
+	return out
+}
+
+func TestPushbackRetryAfterIsHonoured(t *testing.T) {
+	t.Parallel()
+	f := &fakeGateway{script: func(n int64, ctx context.Context, s *stream) error {
+		if n == 1 {
+			_, _ = s.Receive()
+			_ = s.Send(&nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Pushback{Pushback: &nodev1.Pushback{
+				RetryAfter: durationpb.New(30 * time.Second), Reason: "hello-rate"}}})
+			return connect.NewError(connect.CodeResourceExhausted, errors.New("admission refused"))
+		}
+		if err := welcome(s); err != nil {
+			return err
+		}
+		return drainUntilDone(ctx, s)
+	}}
+	addr := startFake(t, f)
+	clock := clockwork.NewFakeClock()
+	d, err := New(Config{Address: addr, NodeID: "n1", Credential: "c", Handler: func(context.Context, *nodev1.Command) Outcome { return Outcome{} },
+		Clock: clock, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	require.Eventually(t, func() bool { return d.Stats().Pushbacks == 1 }, 5*time.Second, time.Millisecond)
+	require.NoError(t, clock.BlockUntilContext(ctx, 1)) // waiting out retry_after
+	clock.Advance(29 * time.Second)
+	time.Sleep(100 * time.Millisecond)
+	require.EqualValues(t, 1, f.dials.Load(), "no redial before retry_after")
+	clock.Advance(time.Second)
+	require.Eventually(t, func() bool { return d.Stats().Welcomes == 1 }, 5*time.Second, time.Millisecond)
+	require.EqualValues(t, 2, f.dials.Load())
+}
+
+func TestDrainDelayIsHonoured(t *testing.T) {
+	t.Parallel()
+	f := &fakeGateway{script: func(n int64, ctx context.Context, s *stream) error {
+		if err := welcome(s); err != nil {
+			return err
+		}
+		if n == 1 {
+			_ = s.Send(&nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Drain{Drain: &nodev1.Drain{Delay: durationpb.New(10 * time.Second)}}})
+		}
+		return drainUntilDone(ctx, s)
+	}}
+	addr := startFake(t, f)
+	clock := clockwork.NewFakeClock()
+	d, err := New(Config{Address: addr, NodeID: "n1", Credential: "c", Handler: func(context.Context, *nodev1.Command) Outcome { return Outcome{} }, Clock: clock})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	require.Eventually(t, func() bool { return d.Stats().Drains == 1 }, 5*time.Second, time.Millisecond)
+	clock.Advance(9 * time.Second)
+	time.Sleep(100 * time.Millisecond)
+	require.EqualValues(t, 1, f.dials.Load(), "the stream is kept for the drain delay")
+	clock.Advance(time.Second)
+	require.Eventually(t, func() bool { return d.Stats().Welcomes == 2 }, 5*time.Second, time.Millisecond)
+}
+
+// TestFileJournalDedupsReplayAcrossRestart: the gateway replays the same
+// command on every session; the daemon runs it once, and a restarted daemon
+// (same journal file) re-sends the stored result instead of running it.
+func TestFileJournalDedupsReplayAcrossRestart(t *testing.T) {
+	t.Parallel()
+	results := make(chan *nodev1.CommandResult, 10)
+	f := &fakeGateway{script: func(n int64, ctx context.Context, s *stream) error {
+		if err := welcome(s); err != nil {
+			return err
+		}
+		_ = s.Send(&nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Command{Command: &nodev1.Command{CommandId: "c1", Kind: "exec", DispatchCount: int32(n)}}})
+		for {
+			m, err := s.Receive()
+			if err != nil {
+				return nil
+			}
+			if r := m.GetCommandResult(); r != nil {
+				results <- r
+			}
+		}
+	}}
+	addr := startFake(t, f)
+	path := filepath.Join(t.TempDir(), "journal.jsonl")
+	var executions atomic.Int64
+	run := func() {
+		j, err := OpenFileJournal(path)
+		require.NoError(t, err)
+		defer j.Close()
+		d, err := New(Config{Address: addr, NodeID: "n1", Credential: "c", Journal: j,
+			Handler: func(context.Context, *nodev1.Command) Outcome {
+				executions.Add(1)
+				return Outcome{Output: []byte("done")}
+			}})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = d.Run(ctx) }()
+		select {
+		case r := <-results:
+			require.Equal(t, "c1/1", r.GetResultId())
+			require.Equal(t, []byte("done"), r.GetOutput())
+		case <-time.After(10 * time.Second):
+			t.Fatal("no result")
+		}
+		cancel()
+		<-done
+	}
+	run()
+	run() // restart: replayed, not re-run
+	require.EqualValues(t, 1, executions.Load())
+}
+
+func TestFileJournalInterruptedCommandIsNotRerun(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "journal.jsonl")
+	j, err := OpenFileJournal(path)
+	require.NoError(t, err)
+	require.NoError(t, j.Record("started-only", nil))
+	require.NoError(t, j.Record("done", &nodev1.CommandResult{CommandId: "done", ResultId: "done/1"}))
+	require.NoError(t, j.Close())
+	// A torn line from a crash mid-write is ignored.
+	fh, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, _ = fh.WriteString(`{"c":"torn","r":{"comm`)
+	require.NoError(t, fh.Close())
+
+	j, err = OpenFileJournal(path)
+	require.NoError(t, err)
+	defer j.Close()
+	require.Equal(t, []string{"started-only"}, j.InFlight())
+	r, executed := j.Seen("done")
+	require.True(t, executed)
+	require.Equal(t, "done/1", r.GetResultId())
+	_, executed = j.Seen("torn")
+	require.False(t, executed)
+
+	var mu sync.Mutex
+	var sent []*nodev1.CommandResult
+	d := &Daemon{cfg: Config{Journal: j, Handler: func(context.Context, *nodev1.Command) Outcome {
+		t.Fatal("an interrupted command must not run again")
+		return Outcome{}
+	}}, clock: clockwork.NewRealClock(), running: map[string]bool{}}
+	d.log = discardLogger()
+	d.handleCommand(context.Background(), &nodev1.Command{CommandId: "started-only"})
+	mu.Lock()
+	defer mu.Unlock()
+	r, _ = j.Seen("started-only")
+	require.Equal(t, "started-only/interrupted", r.GetResultId())
+	require.Empty(t, sent)
+}

@@ -1,0 +1,142 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
+	"github.com/leasehold/leasehold/pkg/pgtest"
+
+	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
+)
+
+// BenchmarkHello measures the Hellos per second one gateway sustains
+// (authentication + the fenced Hello transaction + Welcome), admission
+// limits lifted, clients in the same process on the same cores.
+func BenchmarkHello(b *testing.B) {
+	db := pgtest.NewDB(b)
+	cfg := testConfig()
+	cfg.HelloRate, cfg.HelloBurst = 1e9, 1e9
+	g := startGateway(b, db, cfg)
+	const nodes = 256
+	creds := registerNodes(b, db, "b", nodes)
+	hc := h2cClient()
+	defer hc.CloseIdleConnections()
+	client := nodev1connect.NewNodeGatewayServiceClient(hc, "http://"+g.Addr())
+	var seq atomic.Int64
+	b.ResetTimer()
+	start := time.Now()
+	b.SetParallelism(8)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := int(seq.Add(1)) % nodes
+			ctx, cancel := context.WithCancel(context.Background())
+			st := client.Connect(ctx)
+			_ = st.Send(&nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_Hello{Hello: &nodev1.Hello{
+				NodeId: fmt.Sprintf("b-%d", i), Credential: creds[i], Kind: nodev1.NodeKind_NODE_KIND_NODE}}})
+			m, err := st.Receive()
+			if err != nil || m.GetWelcome() == nil {
+				b.Errorf("hello: %v", err)
+			}
+			_ = st.CloseRequest()
+			cancel()
+			_ = st.CloseResponse()
+		}
+	})
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "hellos/s")
+}
+
+// BenchmarkDispatchLatency measures command insert (committed) to receipt
+// on the node's stream, woken by NOTIFY, as p50 and p99.
+func BenchmarkDispatchLatency(b *testing.B) {
+	db := pgtest.NewDB(b)
+	cfg := testConfig()
+	cfg.DispatchPoll = time.Second // the poll is only the fallback
+	g := startGateway(b, db, cfg)
+	creds := registerNodes(b, db, "d", 1)
+	s := dialRaw(b, g.Addr())
+	s.welcome(b, "d-0", creds[0])
+	lat := make([]time.Duration, 0, b.N)
+	ctx := context.Background()
+	b.ResetTimer()
+	for range b.N {
+		start := time.Now()
+		if _, err := db.Pool.Exec(ctx, `INSERT INTO commands (node_id, kind) VALUES ('d-0', 'exec')`); err != nil {
+			b.Fatal(err)
+		}
+		for {
+			m, err := s.stream.Receive()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if m.GetCommand() != nil {
+				break
+			}
+		}
+		lat = append(lat, time.Since(start))
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+// BenchmarkIdleSessionMemory measures the gateway's memory per idle session:
+// the heap and goroutine-stack growth for N sessions (clients in a child
+// process, each on its own connection) divided by N, after a GC.
+func BenchmarkIdleSessionMemory(b *testing.B) {
+	const n = 2000
+	db := pgtest.NewDB(b)
+	cfg := testConfig()
+	cfg.HelloRate, cfg.HelloBurst = 1e9, 1e9
+	cfg.LivenessInterval, cfg.HeartbeatInterval, cfg.SessionLease = time.Second, 2*time.Second, 10*time.Second
+	g := startGateway(b, db, cfg)
+	creds := registerNodes(b, db, "m", n)
+	file := filepath.Join(b.TempDir(), "creds")
+	var lines []byte
+	for i, c := range creds {
+		lines = fmt.Appendf(lines, "m-%d %s\n", i, c)
+	}
+	require.NoError(b, os.WriteFile(file, lines, 0o600))
+
+	before, beforeStack := memInUse()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envClients+"="+g.Addr()+"="+file)
+	stdin, err := cmd.StdinPipe()
+	require.NoError(b, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(b, err)
+	require.NoError(b, cmd.Start())
+	defer func() { _ = stdin.Close(); _ = cmd.Wait() }()
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(b, err)
+	require.Equal(b, "ready\n", line)
+	require.Eventually(b, func() bool { return g.SessionCount() == n }, 30*time.Second, 10*time.Millisecond)
+	time.Sleep(3 * time.Second) // a few heartbeats and liveness ticks
+	after, afterStack := memInUse()
+	per := float64(after-before) / n
+	b.ReportMetric(per, "B/session")
+	b.ReportMetric(float64(afterStack-beforeStack)/n, "stack-B/session")
+	b.ReportMetric(float64(runtime.NumGoroutine())/n, "goroutines/session")
+	b.ReportMetric(float64(after-before)/(1<<20)*5000/n, "MiB/5000-sessions")
+}
+
+// memInUse returns heap + stacks, and stacks alone, after a GC.
+func memInUse() (int64, int64) {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc + m.StackInuse), int64(m.StackInuse)
+}

@@ -1,0 +1,80 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
+
+	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
+)
+
+// envClients switches the test binary into the idle-session client of
+// BenchmarkIdleSessionMemory: it runs in its own process so the gateway's
+// heap delta counts only the gateway's side of each session.
+const envClients = "LEASEHOLD_GATEWAY_BENCH_CLIENTS"
+
+// clientMain opens one idle session per "node credential" line of the file
+// named by envClients, each on its own connection like a real daemon,
+// prints "ready" and holds them until stdin closes.
+func clientMain() bool {
+	spec := os.Getenv(envClients) // addr=file
+	if spec == "" {
+		return false
+	}
+	addr, file, _ := strings.Cut(spec, "=")
+	f, err := os.Open(file)
+	if err != nil {
+		fmt.Println("error:", err)
+		os.Exit(1)
+	}
+	var lines [][2]string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		node, cred, _ := strings.Cut(sc.Text(), " ")
+		lines = append(lines, [2]string{node, cred})
+	}
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 32)
+	for _, l := range lines {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			for {
+				st := nodev1connect.NewNodeGatewayServiceClient(h2cClient(), "http://"+addr).Connect(ctx)
+				_ = st.Send(&nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_Hello{Hello: &nodev1.Hello{
+					NodeId: l[0], Credential: l[1], Kind: nodev1.NodeKind_NODE_KIND_NODE}}})
+				m, err := st.Receive()
+				if err == nil && m.GetWelcome() != nil {
+					go func() { // heartbeat so the gateway keeps the session
+						for range time.Tick(time.Second) {
+							_ = st.Send(&nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_Heartbeat{Heartbeat: &nodev1.Heartbeat{}}})
+						}
+					}()
+					go func() {
+						for {
+							if _, err := st.Receive(); err != nil {
+								return
+							}
+						}
+					}()
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	fmt.Println("ready")
+	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+	os.Exit(0)
+	return true
+}

@@ -1,0 +1,137 @@
+package gateway
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+)
+
+// Config is the gateway's own configuration (DESIGN.md sections 8 and 10).
+type Config struct {
+	// ListenAddr serves node streams (HTTP/2: h2c, or TLS when TLSCert is set).
+	ListenAddr string
+	// TLSCert and TLSKey are PEM files; both or neither.
+	TLSCert, TLSKey string
+	// TLSClientCA, when set, requires and verifies a client certificate (mTLS).
+	TLSClientCA string
+
+	// LeaseTTL is the gateway lease's TTL; LeaseRenew its renewal interval.
+	LeaseTTL, LeaseRenew time.Duration
+	// SessionLease is how long a node session stays valid without a
+	// liveness write.
+	SessionLease time.Duration
+	// LivenessInterval is how often one batched statement extends every
+	// session this gateway holds.
+	LivenessInterval time.Duration
+	// HeartbeatInterval is sent in Welcome; a node silent for three
+	// intervals is closed.
+	HeartbeatInterval time.Duration
+
+	// MaxStreams bounds concurrent streams (sessions and pending Hellos).
+	MaxStreams int
+	// MaxPendingHellos bounds concurrent Hello transactions.
+	MaxPendingHellos int
+	// HelloRate and HelloBurst shape the handshake token bucket.
+	HelloRate  float64
+	HelloBurst int
+	// MaxMessageBytes refuses larger messages with RESOURCE_EXHAUSTED.
+	MaxMessageBytes int
+
+	// DispatchPoll is the dispatch poll interval when no NOTIFY arrives.
+	DispatchPoll time.Duration
+	// DispatchBatch bounds the commands one dispatch transaction takes.
+	DispatchBatch int
+
+	// DrainMaxDelay bounds the random Drain delay sent on SIGTERM; the
+	// gateway waits at most DrainMaxDelay plus DrainGrace for streams to go.
+	DrainMaxDelay, DrainGrace time.Duration
+}
+
+// RegisterFlags registers the gateway flags on fs with their defaults.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.ListenAddr, "listen-addr", "127.0.0.1:9443", "address of node streams (HTTP/2; h2c unless --tls-cert is set)")
+	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate for node streams (enables TLS)")
+	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&c.TLSClientCA, "tls-client-ca", "", "PEM CA bundle; when set, nodes must present a client certificate it signed (mTLS)")
+	fs.DurationVar(&c.LeaseTTL, "gateway.lease-ttl", 20*time.Second, "TTL of the gateway:<id> lease")
+	fs.DurationVar(&c.LeaseRenew, "gateway.lease-renew", 5*time.Second, "renewal interval of the gateway lease (must be < TTL/2)")
+	fs.DurationVar(&c.SessionLease, "gateway.session-lease", 40*time.Second, "node session lease (must be > gateway lease TTL)")
+	fs.DurationVar(&c.LivenessInterval, "gateway.liveness-interval", 10*time.Second, "interval of the batched session liveness write (must be < session lease/2)")
+	fs.DurationVar(&c.HeartbeatInterval, "gateway.heartbeat-interval", 5*time.Second, "heartbeat interval told to daemons in Welcome")
+	fs.IntVar(&c.MaxStreams, "gateway.max-streams", 5000, "maximum concurrent node streams")
+	fs.IntVar(&c.MaxPendingHellos, "gateway.max-pending-hellos", 64, "maximum concurrent Hello transactions")
+	fs.Float64Var(&c.HelloRate, "gateway.hello-rate", 200, "handshake token bucket rate (Hellos per second)")
+	fs.IntVar(&c.HelloBurst, "gateway.hello-burst", 50, "handshake token bucket burst")
+	fs.IntVar(&c.MaxMessageBytes, "gateway.max-message-bytes", 1<<20, "largest message accepted from a node")
+	fs.DurationVar(&c.DispatchPoll, "gateway.dispatch-poll", time.Second, "dispatch poll interval (NOTIFY wakes it earlier)")
+	fs.IntVar(&c.DispatchBatch, "gateway.dispatch-batch", 500, "commands taken per dispatch transaction")
+	fs.DurationVar(&c.DrainMaxDelay, "gateway.drain-max-delay", 60*time.Second, "upper bound of the random Drain delay sent on SIGTERM")
+	fs.DurationVar(&c.DrainGrace, "gateway.drain-grace", 5*time.Second, "extra wait after the drain delay before closing the remaining streams")
+}
+
+// Defaults returns the configuration RegisterFlags would produce.
+func Defaults() Config {
+	var c Config
+	c.RegisterFlags(flag.NewFlagSet("defaults", flag.ContinueOnError))
+	return c
+}
+
+// Validate refuses bad values and broken orderings, naming both values.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.ListenAddr == "" {
+		errs = append(errs, errors.New("--listen-addr is required"))
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		errs = append(errs, fmt.Errorf("--tls-cert %q and --tls-key %q must be given together", c.TLSCert, c.TLSKey))
+	}
+	if c.TLSClientCA != "" && c.TLSCert == "" {
+		errs = append(errs, fmt.Errorf("--tls-client-ca %q needs --tls-cert and --tls-key", c.TLSClientCA))
+	}
+	positive := map[string]time.Duration{
+		"--gateway.lease-ttl": c.LeaseTTL, "--gateway.lease-renew": c.LeaseRenew,
+		"--gateway.session-lease": c.SessionLease, "--gateway.liveness-interval": c.LivenessInterval,
+		"--gateway.heartbeat-interval": c.HeartbeatInterval, "--gateway.dispatch-poll": c.DispatchPoll,
+	}
+	for _, name := range []string{"--gateway.lease-ttl", "--gateway.lease-renew", "--gateway.session-lease",
+		"--gateway.liveness-interval", "--gateway.heartbeat-interval", "--gateway.dispatch-poll"} {
+		if positive[name] <= 0 {
+			errs = append(errs, fmt.Errorf("%s %s must be positive", name, positive[name]))
+		}
+	}
+	if c.LeaseTTL > 0 && c.LeaseTTL%time.Millisecond != 0 {
+		errs = append(errs, fmt.Errorf("--gateway.lease-ttl %s must be whole milliseconds", c.LeaseTTL))
+	}
+	if c.LeaseRenew > 0 && c.LeaseTTL > 0 && c.LeaseRenew >= c.LeaseTTL/2 {
+		errs = append(errs, fmt.Errorf("--gateway.lease-renew %s must be less than half of --gateway.lease-ttl %s", c.LeaseRenew, c.LeaseTTL))
+	}
+	if c.SessionLease > 0 && c.SessionLease <= c.LeaseTTL {
+		errs = append(errs, fmt.Errorf("--gateway.session-lease %s must be greater than --gateway.lease-ttl %s", c.SessionLease, c.LeaseTTL))
+	}
+	if c.LivenessInterval > 0 && c.LivenessInterval >= c.SessionLease/2 {
+		errs = append(errs, fmt.Errorf("--gateway.liveness-interval %s must be less than half of --gateway.session-lease %s", c.LivenessInterval, c.SessionLease))
+	}
+	if c.HeartbeatInterval > 0 && 3*c.HeartbeatInterval >= c.SessionLease {
+		errs = append(errs, fmt.Errorf("--gateway.heartbeat-interval %s times 3 must be less than --gateway.session-lease %s", c.HeartbeatInterval, c.SessionLease))
+	}
+	if c.MaxStreams < 1 {
+		errs = append(errs, fmt.Errorf("--gateway.max-streams %d must be at least 1", c.MaxStreams))
+	}
+	if c.MaxPendingHellos < 1 || c.MaxPendingHellos > c.MaxStreams {
+		errs = append(errs, fmt.Errorf("--gateway.max-pending-hellos %d must be in 1..--gateway.max-streams %d", c.MaxPendingHellos, c.MaxStreams))
+	}
+	if c.HelloRate <= 0 || c.HelloBurst < 1 {
+		errs = append(errs, fmt.Errorf("--gateway.hello-rate %g must be positive and --gateway.hello-burst %d at least 1", c.HelloRate, c.HelloBurst))
+	}
+	if c.MaxMessageBytes < 1024 || c.MaxMessageBytes > 64<<20 {
+		errs = append(errs, fmt.Errorf("--gateway.max-message-bytes %d must be in 1024..%d", c.MaxMessageBytes, 64<<20))
+	}
+	if c.DispatchBatch < 1 || c.DispatchBatch > 10000 {
+		errs = append(errs, fmt.Errorf("--gateway.dispatch-batch %d must be in 1..10000", c.DispatchBatch))
+	}
+	if c.DrainMaxDelay < 0 || c.DrainGrace < 0 {
+		errs = append(errs, fmt.Errorf("--gateway.drain-max-delay %s and --gateway.drain-grace %s must not be negative", c.DrainMaxDelay, c.DrainGrace))
+	}
+	return errors.Join(errs...)
+}

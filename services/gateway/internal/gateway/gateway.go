@@ -1,0 +1,486 @@
+// Package gateway serves node sessions (DESIGN.md section 8): Connect
+// streams authenticated on Hello, the gateway:<id> lease and its self-fence,
+// session epochs, batched liveness, dispatch, admission and drain.
+//
+// States of a gateway process:
+//
+//	starting ──lease granted──▶ serving ──SIGTERM──▶ draining ──streams gone or deadline──▶ release lease, exit 0
+//	                               │
+//	                               └─ another owner, or no renewal for TTL/2 ──▶ fenced: close streams UNAVAILABLE, exit 1
+//
+// A fenced gateway forgets its lease (it never releases or renews it again)
+// and exits non-zero, so its supervisor restarts it with a fresh id and a
+// fresh lease; the old lease simply expires.
+package gateway
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+	"connectrpc.com/grpchealth"
+	"connectrpc.com/grpcreflect"
+	"github.com/grafana/dskit/services"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jonboulle/clockwork"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/leasehold/leasehold/pkg/coord"
+	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
+	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
+	"github.com/leasehold/leasehold/pkg/health"
+)
+
+// Deps are what a gateway needs from its process.
+type Deps struct {
+	// ID is the process id: the lease is gateway:<ID>.
+	ID string
+	// DB is the pool every transaction uses.
+	DB *pgxpool.Pool
+	// NotifyURL is a direct URL for LISTEN; "" means poll only.
+	NotifyURL string
+	// Logger, Registry: the process's. Health may be nil.
+	Logger   *slog.Logger
+	Registry prometheus.Registerer
+	Health   *health.Handler
+	// Clock is the process clock (nil: real).
+	Clock clockwork.Clock
+}
+
+const (
+	stateStarting int32 = iota
+	stateServing
+	stateDraining
+	stateFenced
+)
+
+// Gateway is the gateway component: a dskit service.
+type Gateway struct {
+	services.Service
+
+	cfg       Config
+	id        string
+	db        *pgxpool.Pool
+	notifyURL string
+	log       *slog.Logger
+	clock     clockwork.Clock
+	m         *metrics
+	lease     *leaseKeeper
+	limiter   *rate.Limiter
+	checker   *grpchealth.StaticChecker
+
+	ln  net.Listener
+	srv *http.Server
+
+	state   atomic.Int32
+	streams atomic.Int64
+	pending atomic.Int64
+
+	mu       sync.Mutex
+	sessions map[string]*session
+
+	wake       chan struct{}
+	notifiedMu sync.Mutex
+	notified   map[string]struct{}
+
+	fenceOnce   sync.Once
+	fencedCh    chan struct{}
+	fenceReason string
+
+	slotMu   sync.Mutex
+	nextSlot time.Time
+}
+
+// New builds a gateway; it listens and takes its lease when started.
+func New(cfg Config, deps Deps) (*Gateway, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if deps.Clock == nil {
+		deps.Clock = clockwork.NewRealClock()
+	}
+	if deps.Logger == nil {
+		deps.Logger = slog.New(slog.DiscardHandler)
+	}
+	if deps.Registry == nil {
+		deps.Registry = prometheus.NewRegistry()
+	}
+	client, err := coord.NewClient(deps.DB, deps.ID, coord.WithClock(deps.Clock))
+	if err != nil {
+		return nil, fmt.Errorf("gateway id: %w", err)
+	}
+	name := "gateway:" + deps.ID
+	if err := coord.ValidateName(name); err != nil {
+		return nil, err
+	}
+	m := newMetrics(deps.Registry)
+	g := &Gateway{
+		cfg: cfg, id: deps.ID, db: deps.DB, notifyURL: deps.NotifyURL, log: deps.Logger, clock: deps.Clock, m: m,
+		lease:    &leaseKeeper{client: client, name: name, ttl: cfg.LeaseTTL, renew: cfg.LeaseRenew, clock: deps.Clock, m: m},
+		limiter:  rate.NewLimiter(rate.Limit(cfg.HelloRate), cfg.HelloBurst),
+		checker:  grpchealth.NewStaticChecker(nodev1connect.NodeGatewayServiceName),
+		sessions: map[string]*session{},
+		wake:     make(chan struct{}, 1),
+		notified: map[string]struct{}{},
+		fencedCh: make(chan struct{}),
+	}
+	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusNotServing)
+	g.checker.SetStatus("", grpchealth.StatusNotServing)
+	if deps.Health != nil {
+		deps.Health.AddReadiness("gateway", g.ready)
+		deps.Health.AddDetail("gateway", func(context.Context) any { return g.detail() })
+	}
+	g.Service = services.NewBasicService(g.starting, g.running, nil).WithName("gateway")
+	return g, nil
+}
+
+// ID is the gateway's id.
+func (g *Gateway) ID() string { return g.id }
+
+// Addr is the node stream address once started.
+func (g *Gateway) Addr() string {
+	if g.ln == nil {
+		return ""
+	}
+	return g.ln.Addr().String()
+}
+
+// SessionCount is the number of sessions held.
+func (g *Gateway) SessionCount() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.sessions)
+}
+
+// Fenced reports whether the gateway has fenced itself.
+func (g *Gateway) Fenced() bool { return g.state.Load() == stateFenced }
+
+func (g *Gateway) ready(context.Context) error {
+	switch g.state.Load() {
+	case stateServing:
+		if _, ok := g.lease.current(); !ok {
+			return errors.New("gateway lease not held")
+		}
+		return nil
+	case stateDraining:
+		return errors.New("gateway is draining")
+	case stateFenced:
+		return fmt.Errorf("gateway fenced itself: %s", g.fenceReason)
+	default:
+		return errors.New("gateway lease not acquired yet")
+	}
+}
+
+func (g *Gateway) detail() any {
+	l, held := g.lease.current()
+	return map[string]any{
+		"id": g.id, "lease": l.Name, "epoch": l.Epoch, "held": held, "expires_at": l.ExpiresAt,
+		"sessions": g.SessionCount(), "streams": g.streams.Load(), "pending_hellos": g.pending.Load(),
+		"state":  [...]string{"starting", "serving", "draining", "fenced"}[g.state.Load()],
+		"notify": g.notifyURL != "",
+	}
+}
+
+func (g *Gateway) starting(ctx context.Context) error {
+	for {
+		ok, err := g.lease.acquire(ctx)
+		if err != nil {
+			return fmt.Errorf("acquire %s: %w", g.lease.name, err)
+		}
+		if ok {
+			break
+		}
+		g.log.Warn("gateway lease held by another owner; waiting for it to expire", "lease", g.lease.name)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-g.clock.After(g.cfg.LeaseRenew):
+		}
+	}
+	srv, err := g.newServer()
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", g.cfg.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("listen on --listen-addr %s: %w", g.cfg.ListenAddr, err)
+	}
+	g.ln, g.srv = ln, srv
+	l, _ := g.lease.current()
+	g.state.Store(stateServing)
+	g.m.role.Set(health.RoleActive)
+	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusServing)
+	g.checker.SetStatus("", grpchealth.StatusServing)
+	g.log.Info("gateway serving", "addr", ln.Addr().String(), "lease", l.Name, "epoch", l.Epoch, "tls", g.cfg.TLSCert != "")
+	return nil
+}
+
+type bodyKey struct{}
+
+// newServer builds the HTTP/2 server of node streams.
+func (g *Gateway) newServer() (*http.Server, error) {
+	mux := http.NewServeMux()
+	path, h := nodev1connect.NewNodeGatewayServiceHandler(g,
+		connect.WithReadMaxBytes(g.cfg.MaxMessageBytes),
+		connect.WithSendMaxBytes(g.cfg.MaxMessageBytes),
+	)
+	// Keep the request body reachable from the handler: closing it breaks
+	// a pending Receive, which is how a session is closed from outside.
+	mux.Handle(path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), bodyKey{}, r.Body)))
+	}))
+	mux.Handle(grpchealth.NewHandler(g.checker))
+	reflector := grpcreflect.NewStaticReflector(nodev1connect.NodeGatewayServiceName, grpchealth.HealthV1ServiceName)
+	mux.Handle(grpcreflect.NewHandlerV1(reflector))
+	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
+
+	protocols := new(http.Protocols)
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       5 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+		Protocols:         protocols,
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams: 16,
+			// A node host that vanishes sends no RST: ping idle connections.
+			SendPingTimeout:  15 * time.Second,
+			PingTimeout:      5 * time.Second,
+			WriteByteTimeout: 30 * time.Second,
+		},
+	}
+	if g.cfg.TLSCert == "" {
+		protocols.SetUnencryptedHTTP2(true) // h2c: loopback and tests
+		return srv, nil
+	}
+	protocols.SetHTTP2(true)
+	cert, err := tls.LoadX509KeyPair(g.cfg.TLSCert, g.cfg.TLSKey)
+	if err != nil {
+		return nil, fmt.Errorf("load --tls-cert %s / --tls-key %s: %w", g.cfg.TLSCert, g.cfg.TLSKey, err)
+	}
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
+	if g.cfg.TLSClientCA != "" {
+		pem, err := os.ReadFile(g.cfg.TLSClientCA)
+		if err != nil {
+			return nil, fmt.Errorf("read --tls-client-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--tls-client-ca %s holds no PEM certificate", g.cfg.TLSClientCA)
+		}
+		tc.ClientCAs, tc.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	srv.TLSConfig = tc
+	return srv, nil
+}
+
+func (g *Gateway) running(ctx context.Context) error {
+	serveErr := make(chan error, 1)
+	go func() {
+		var err error
+		if g.srv.TLSConfig != nil {
+			err = g.srv.ServeTLS(g.ln, "", "")
+		} else {
+			err = g.srv.Serve(g.ln)
+		}
+		serveErr <- err
+	}()
+
+	loopCtx, cancelLoops := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	for _, loop := range []func(context.Context){g.renewLoop, g.livenessLoop, g.dispatchLoop, g.notifyLoop} {
+		wg.Add(1)
+		go func() { defer wg.Done(); loop(loopCtx) }()
+	}
+	stopLoops := func() { cancelLoops(); wg.Wait() }
+
+	var failure error
+	select {
+	case <-ctx.Done():
+		g.drain(serveErr)
+		stopLoops()
+		relCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if !g.Fenced() {
+			if _, err := g.lease.client.Release(relCtx, g.lease.name); err != nil {
+				g.log.Warn("release gateway lease", "err", err)
+			} else {
+				g.log.Info("gateway lease released", "lease", g.lease.name)
+			}
+		}
+		g.lease.forget()
+		if g.Fenced() {
+			failure = fmt.Errorf("gateway fenced itself: %s", g.fenceReason)
+		}
+		return failure
+	case <-g.fencedCh:
+		failure = fmt.Errorf("gateway fenced itself: %s", g.fenceReason)
+	case err := <-serveErr:
+		failure = fmt.Errorf("node stream server: %w", err)
+		g.fence("node stream server failed")
+	}
+	// Let the closed streams send their UNAVAILABLE status before exiting.
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_ = g.srv.Shutdown(shutdownCtx)
+	cancel()
+	_ = g.srv.Close()
+	stopLoops()
+	return failure
+}
+
+// fence is the self-fence: forget the lease, refuse Hellos, close every
+// stream UNAVAILABLE. It writes nothing to the database.
+func (g *Gateway) fence(reason string) {
+	g.fenceOnce.Do(func() {
+		g.lease.forget()
+		g.fenceReason = reason
+		g.state.Store(stateFenced)
+		g.m.role.Set(health.RoleFenced)
+		g.m.selfFences.Inc()
+		g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusNotServing)
+		g.checker.SetStatus("", grpchealth.StatusNotServing)
+		g.log.Error("gateway fenced itself: closing every stream", "reason", reason, "lease", g.lease.name)
+		for _, s := range g.snapshot() {
+			s.close(connect.NewError(connect.CodeUnavailable, fmt.Errorf("gateway %s fenced itself: %s", g.id, reason)))
+		}
+		close(g.fencedCh)
+	})
+}
+
+// renewLoop renews the lease every LeaseRenew and fences when a renewal
+// shows another owner or the trust window (TTL/2 after the last renewal)
+// passes. It ticks at a fifth of the renewal interval so a pause is noticed
+// promptly after resume.
+func (g *Gateway) renewLoop(ctx context.Context) {
+	tick := min(max(g.cfg.LeaseRenew/5, 10*time.Millisecond), time.Second)
+	t := g.clock.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.Chan():
+		}
+		if g.Fenced() {
+			return
+		}
+		if g.lease.expired() {
+			g.fence(fmt.Sprintf("no successful renewal of %s for %s (half its TTL)", g.lease.name, g.cfg.LeaseTTL/2))
+			return
+		}
+		g.lease.mu.Lock()
+		due := !g.clock.Now().Before(g.lease.lastRenew.Add(g.cfg.LeaseRenew))
+		g.lease.mu.Unlock()
+		if !due {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, g.cfg.LeaseTTL/2)
+		ok, err := g.lease.acquire(rctx)
+		cancel()
+		switch {
+		case err != nil:
+			g.log.Warn("gateway lease renewal failed", "lease", g.lease.name, "err", err)
+		case !ok:
+			g.fence(fmt.Sprintf("%s is held by another owner or at another epoch", g.lease.name))
+			return
+		case g.lease.expired():
+			// The renewal itself straddled a pause: its grant is already stale.
+			g.fence(fmt.Sprintf("renewal of %s returned after its trust window", g.lease.name))
+			return
+		}
+	}
+}
+
+// runFenced runs fn fenced on the gateway lease and fences the gateway when
+// the lease turns out lost.
+func (g *Gateway) runFenced(ctx context.Context, fn func(ctx context.Context, tx pgxTx) error) error {
+	err := g.lease.run(ctx, g.db, fn)
+	if errors.Is(err, coord.ErrLeaseLost) {
+		g.fence("a fenced transaction found the gateway lease lost")
+	}
+	return err
+}
+
+func (g *Gateway) snapshot() []*session {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]*session, 0, len(g.sessions))
+	for _, s := range g.sessions {
+		out = append(out, s)
+	}
+	return out
+}
+
+// drain sends every node Drain with a random delay up to DrainMaxDelay,
+// stops accepting streams, and returns when the streams are gone or
+// DrainMaxDelay + DrainGrace has passed (then closes the rest).
+func (g *Gateway) drain(serveErr <-chan error) {
+	if !g.state.CompareAndSwap(stateServing, stateDraining) {
+		_ = g.srv.Close()
+		return
+	}
+	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusNotServing)
+	g.checker.SetStatus("", grpchealth.StatusNotServing)
+	sessions := g.snapshot()
+	g.log.Info("draining", "sessions", len(sessions), "max_delay", g.cfg.DrainMaxDelay)
+	for _, s := range sessions {
+		s.enqueue(drainMessage(g.cfg.DrainMaxDelay))
+	}
+	deadline := g.clock.After(g.cfg.DrainMaxDelay + g.cfg.DrainGrace)
+	shutdownCtx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	shutdownDone := make(chan struct{})
+	go func() {
+		// Closes the listener, sends GOAWAY, and waits for open streams.
+		_ = g.srv.Shutdown(shutdownCtx)
+		close(shutdownDone)
+	}()
+	tick := g.clock.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+wait:
+	for g.streams.Load() > 0 || g.SessionCount() > 0 {
+		select {
+		case <-deadline:
+			break wait
+		case <-g.fencedCh:
+			break wait
+		case <-tick.Chan():
+		}
+	}
+	left := g.snapshot()
+	if len(left) > 0 {
+		g.log.Warn("drain deadline passed; closing remaining streams", "sessions", len(left))
+	}
+	for _, s := range left {
+		s.close(connect.NewError(connect.CodeUnavailable, errors.New("gateway drained")))
+	}
+	cancel()
+	<-shutdownDone
+	_ = g.srv.Close()
+	<-serveErr
+	g.log.Info("drained")
+}
+
+func drainMessage(maxDelay time.Duration) *nodev1.ConnectResponse {
+	var d time.Duration
+	if maxDelay > 0 {
+		d = rand.N(maxDelay + 1)
+	}
+	return &nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Drain{Drain: &nodev1.Drain{
+		Delay: durationpb.New(d), Reason: "gateway shutting down",
+	}}}
+}

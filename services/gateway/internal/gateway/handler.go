@@ -1,0 +1,512 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
+	"github.com/leasehold/leasehold/pkg/nodeauth"
+	"github.com/leasehold/leasehold/pkg/pgdb"
+)
+
+type pgxTx = pgx.Tx
+
+var (
+	errSlowNode      = errors.New("node does not read its stream: too many queued messages")
+	errFirstNotHello = errors.New("the first message of a stream must be a Hello")
+	errSecondHello   = errors.New("a stream carries exactly one Hello; this one already said Hello")
+	errBadCredential = errors.New("node credential not accepted")
+)
+
+// Limits on what a node may send, beside the message size limit.
+const (
+	maxIDLen        = 200
+	maxInFlightIDs  = 10000
+	maxLabels       = 64
+	maxLabelLen     = 256
+	maxVersionLen   = 100
+	maxKindLen      = 100
+	maxCredentialSz = nodeauth.MaxCredentialLen
+)
+
+// Connect serves one node stream (nodev1connect.NodeGatewayServiceHandler).
+func (g *Gateway) Connect(ctx context.Context, stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse]) error {
+	n := g.streams.Add(1)
+	g.m.streams.Set(float64(n))
+	defer func() { g.m.streams.Set(float64(g.streams.Add(-1))) }()
+
+	switch g.state.Load() {
+	case stateServing:
+	case stateDraining:
+		return g.pushback(stream, "draining", time.Second+rand.N(4*time.Second), connect.CodeUnavailable)
+	default:
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("gateway %s is not serving", g.id))
+	}
+	if n > int64(g.cfg.MaxStreams) {
+		return g.pushback(stream, "max-streams", 5*time.Second+rand.N(5*time.Second), connect.CodeResourceExhausted)
+	}
+
+	first, err := stream.Receive()
+	if err != nil {
+		g.m.hellos.WithLabelValues("refused").Inc()
+		return receiveError(err)
+	}
+	hello := first.GetHello()
+	if hello == nil {
+		g.m.hellos.WithLabelValues("refused").Inc()
+		return connect.NewError(connect.CodeInvalidArgument, errFirstNotHello)
+	}
+	if err := validateHello(hello); err != nil {
+		g.m.hellos.WithLabelValues("refused").Inc()
+		return connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	if !g.limiter.Allow() {
+		return g.pushback(stream, "hello-rate", g.rateRetryAfter(), connect.CodeResourceExhausted)
+	}
+	if g.pending.Add(1) > int64(g.cfg.MaxPendingHellos) {
+		g.pending.Add(-1)
+		return g.pushback(stream, "max-pending-hellos", 500*time.Millisecond+rand.N(500*time.Millisecond), connect.CodeResourceExhausted)
+	}
+	s, welcome, replays, err := g.hello(ctx, stream, hello)
+	g.pending.Add(-1)
+	if err != nil {
+		return err
+	}
+	return g.serveSession(ctx, stream, s, welcome, replays)
+}
+
+// receiveError keeps a Connect error's code (e.g. RESOURCE_EXHAUSTED for an
+// oversized message) and maps a clean end of stream to CANCELED.
+func receiveError(err error) error {
+	if errors.Is(err, io.EOF) {
+		return connect.NewError(connect.CodeCanceled, errors.New("stream ended before Hello"))
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return ce
+	}
+	return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("read message: %w", err))
+}
+
+// pushback refuses a dial: it sends Pushback{retry_after} and closes the
+// stream with code.
+func (g *Gateway) pushback(stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse], reason string, retryAfter time.Duration, code connect.Code) error {
+	g.m.hellos.WithLabelValues("pushback").Inc()
+	g.m.pushbacks.WithLabelValues(reason).Inc()
+	_ = stream.Send(&nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Pushback{Pushback: &nodev1.Pushback{
+		RetryAfter: durationpb.New(retryAfter), Reason: reason,
+	}}})
+	return connect.NewError(code, fmt.Errorf("admission refused (%s): retry after %s", reason, retryAfter.Round(time.Millisecond)))
+}
+
+// rateRetryAfter hands each dial refused by the token bucket its own slot
+// in a virtual queue drained at the bucket's rate, so a herd comes back
+// spread over the time the bucket needs to admit it.
+func (g *Gateway) rateRetryAfter() time.Duration {
+	now := g.clock.Now()
+	g.slotMu.Lock()
+	defer g.slotMu.Unlock()
+	if g.nextSlot.Before(now) {
+		g.nextSlot = now
+	}
+	g.nextSlot = g.nextSlot.Add(time.Duration(float64(time.Second) / g.cfg.HelloRate))
+	return min(g.nextSlot.Sub(now), time.Minute)
+}
+
+func validateHello(h *nodev1.Hello) error {
+	if err := nodeauth.ValidateNodeID(h.GetNodeId()); err != nil {
+		return fmt.Errorf("hello.node_id: %w", err)
+	}
+	if len(h.GetCredential()) == 0 || len(h.GetCredential()) > maxCredentialSz {
+		return fmt.Errorf("hello.credential must be 1..%d bytes", maxCredentialSz)
+	}
+	if len(h.GetDaemonVersion()) > maxVersionLen {
+		return fmt.Errorf("hello.daemon_version longer than %d bytes", maxVersionLen)
+	}
+	if h.GetKind() == nodev1.NodeKind_NODE_KIND_UNSPECIFIED {
+		return errors.New("hello.kind must be NODE_KIND_NODE or NODE_KIND_SITE_AGENT")
+	}
+	if len(h.GetInFlightCommandIds()) > maxInFlightIDs {
+		return fmt.Errorf("hello.in_flight_command_ids has %d ids, more than %d", len(h.GetInFlightCommandIds()), maxInFlightIDs)
+	}
+	for _, id := range h.GetInFlightCommandIds() {
+		if len(id) == 0 || len(id) > maxIDLen {
+			return fmt.Errorf("hello.in_flight_command_ids: ids must be 1..%d bytes", maxIDLen)
+		}
+	}
+	if len(h.GetLabels()) > maxLabels {
+		return fmt.Errorf("hello.labels has %d labels, more than %d", len(h.GetLabels()), maxLabels)
+	}
+	for k, v := range h.GetLabels() {
+		if len(k) == 0 || len(k) > maxLabelLen || len(v) > maxLabelLen {
+			return fmt.Errorf("hello.labels: keys must be 1..%d bytes and values at most %d", maxLabelLen, maxLabelLen)
+		}
+	}
+	if len(h.GetSiteId()) > maxIDLen {
+		return fmt.Errorf("hello.site_id longer than %d bytes", maxIDLen)
+	}
+	return nil
+}
+
+func kindName(k nodev1.NodeKind) string {
+	if k == nodev1.NodeKind_NODE_KIND_SITE_AGENT {
+		return "site_agent"
+	}
+	return "node"
+}
+
+type replay struct {
+	cmd       *nodev1.Command
+	createdAt time.Time
+}
+
+// hello authenticates the node and, in one transaction fenced on the
+// gateway lease, bumps its session epoch, routes it here, marks it
+// connected and takes its in-flight commands for replay.
+func (g *Gateway) hello(ctx context.Context, stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse], h *nodev1.Hello) (*session, *nodev1.Welcome, []*nodev1.Command, error) {
+	id, err := nodeauth.Verify(ctx, g.db, h.GetNodeId(), h.GetCredential())
+	if errors.Is(err, nodeauth.ErrUnauthenticated) {
+		g.m.hellos.WithLabelValues("unauthenticated").Inc()
+		return nil, nil, nil, connect.NewError(connect.CodeUnauthenticated, errBadCredential)
+	}
+	if err != nil {
+		g.m.hellos.WithLabelValues("error").Inc()
+		g.log.Warn("verify node credential", "node", h.GetNodeId(), "err", err)
+		return nil, nil, nil, connect.NewError(connect.CodeUnavailable, errors.New("gateway cannot reach its database"))
+	}
+	if kindName(h.GetKind()) != id.Kind {
+		g.m.hellos.WithLabelValues("refused").Inc()
+		return nil, nil, nil, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("hello.kind %s does not match the registered kind %s", kindName(h.GetKind()), id.Kind))
+	}
+	if h.GetSiteId() != "" && h.GetSiteId() != id.SiteID {
+		g.m.hellos.WithLabelValues("refused").Inc()
+		return nil, nil, nil, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("hello.site_id %q does not match the registered site", h.GetSiteId()))
+	}
+	labels, err := json.Marshal(h.GetLabels())
+	if err != nil {
+		return nil, nil, nil, connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	if h.GetLabels() == nil {
+		labels = []byte("{}")
+	}
+
+	var (
+		epoch   int64
+		specRaw []byte
+		replays []replay
+		revoked bool
+	)
+	err = g.runFenced(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		replays = replays[:0]
+		if err := tx.QueryRow(ctx, helloSessionSQL, h.GetNodeId(), g.id, g.cfg.SessionLease.Seconds()).Scan(&epoch); err != nil {
+			return fmt.Errorf("route node: %w", err)
+		}
+		err := tx.QueryRow(ctx, helloNodeSQL, h.GetNodeId(), epoch, h.GetDaemonVersion(), labels).Scan(&specRaw)
+		if errors.Is(err, pgx.ErrNoRows) {
+			revoked = true
+			return err
+		}
+		if err != nil {
+			return fmt.Errorf("mark node connected: %w", err)
+		}
+		rows, err := tx.Query(ctx, helloReplaySQL, h.GetNodeId(), h.GetInFlightCommandIds(), g.id, epoch)
+		if err != nil {
+			return fmt.Errorf("select in-flight commands: %w", err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				c        nodev1.Command
+				deadline *time.Time
+				created  time.Time
+			)
+			if err := rows.Scan(&c.CommandId, &c.Kind, &c.Payload, &deadline, &c.DispatchCount, &created); err != nil {
+				return fmt.Errorf("scan in-flight command: %w", err)
+			}
+			if deadline != nil {
+				c.Deadline = timestamppb.New(*deadline)
+			}
+			replays = append(replays, replay{cmd: &c, createdAt: created})
+		}
+		return rows.Err()
+	})
+	if revoked {
+		g.m.hellos.WithLabelValues("unauthenticated").Inc()
+		return nil, nil, nil, connect.NewError(connect.CodeUnauthenticated, errBadCredential)
+	}
+	if err != nil {
+		g.m.hellos.WithLabelValues("error").Inc()
+		if g.Fenced() {
+			return nil, nil, nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("gateway %s fenced itself", g.id))
+		}
+		g.log.Warn("hello transaction", "node", h.GetNodeId(), "err", err)
+		return nil, nil, nil, connect.NewError(connect.CodeUnavailable, errors.New("hello could not be recorded; retry"))
+	}
+	spec := &nodev1.NodeSpec{}
+	if len(specRaw) > 0 {
+		if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(specRaw, spec); err != nil {
+			g.log.Warn("node spec is not a NodeSpec; sending an empty one", "node", h.GetNodeId(), "err", err)
+			spec = &nodev1.NodeSpec{}
+		}
+	}
+	slices.SortFunc(replays, func(a, b replay) int { return a.createdAt.Compare(b.createdAt) })
+	cmds := make([]*nodev1.Command, len(replays))
+	for i, r := range replays {
+		cmds[i] = r.cmd
+	}
+	body, _ := ctx.Value(bodyKey{}).(io.Closer)
+	s := &session{nodeID: h.GetNodeId(), epoch: epoch, send: stream.Send, breakRecv: func() {
+		if body != nil {
+			_ = body.Close()
+		}
+	}}
+	s.touch(g.clock.Now())
+	welcome := &nodev1.Welcome{
+		SessionEpoch: epoch, Spec: spec, GatewayId: g.id,
+		HeartbeatInterval: durationpb.New(g.cfg.HeartbeatInterval),
+	}
+	g.m.hellos.WithLabelValues("welcomed").Inc()
+	return s, welcome, cmds, nil
+}
+
+// serveSession sends Welcome and the replays, registers the session so
+// dispatch can reach it, and reads the node's messages until the stream
+// ends or the session is closed.
+func (g *Gateway) serveSession(ctx context.Context, stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse], s *session, welcome *nodev1.Welcome, replays []*nodev1.Command) error {
+	msgs := make([]*nodev1.ConnectResponse, 0, 1+len(replays))
+	msgs = append(msgs, &nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Welcome{Welcome: welcome}})
+	for _, c := range replays {
+		msgs = append(msgs, &nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Command{Command: c}})
+	}
+	s.enqueue(msgs...)
+	g.m.replayed.Add(float64(len(replays)))
+
+	g.mu.Lock()
+	old := g.sessions[s.nodeID]
+	g.sessions[s.nodeID] = s
+	g.m.sessions.Set(float64(len(g.sessions)))
+	g.mu.Unlock()
+	if old != nil {
+		g.m.zombies.Inc()
+		old.close(connect.NewError(connect.CodeUnavailable, fmt.Errorf("node %s said Hello again (epoch %d supersedes %d)", s.nodeID, s.epoch, old.epoch)))
+	}
+	if g.Fenced() { // fenced between the Hello transaction and registration
+		s.close(connect.NewError(connect.CodeUnavailable, fmt.Errorf("gateway %s fenced itself", g.id)))
+	}
+	g.wakeDispatch(s.nodeID)
+	g.log.Debug("session opened", "node", s.nodeID, "epoch", s.epoch, "replayed", len(replays))
+
+	var streamErr *connect.Error
+	for {
+		req, err := stream.Receive()
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !s.isClosed() {
+				var ce *connect.Error
+				if errors.As(err, &ce) && ce.Code() == connect.CodeResourceExhausted {
+					streamErr = ce
+				}
+			}
+			break
+		}
+		s.touch(g.clock.Now())
+		if cerr := g.handleMessage(ctx, s, req); cerr != nil {
+			streamErr = cerr
+			break
+		}
+	}
+	reason := s.finish()
+	g.mu.Lock()
+	mine := g.sessions[s.nodeID] == s
+	if mine {
+		delete(g.sessions, s.nodeID)
+	}
+	g.m.sessions.Set(float64(len(g.sessions)))
+	g.mu.Unlock()
+	if mine && !g.Fenced() {
+		g.markDisconnected(s)
+	}
+	g.log.Debug("session closed", "node", s.nodeID, "epoch", s.epoch, "reason", reason, "err", streamErr)
+	if streamErr != nil {
+		return streamErr
+	}
+	if reason != nil {
+		return reason
+	}
+	return nil
+}
+
+// markDisconnected records a stream that ended, only at the session's
+// epoch, so a newer Hello anywhere is never overwritten.
+func (g *Gateway) markDisconnected(s *session) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := g.runFenced(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, closeSessionSQL, s.nodeID, s.epoch, g.id)
+		if err != nil || tag.RowsAffected() == 0 {
+			return err
+		}
+		_, err = tx.Exec(ctx, closeNodeSQL, s.nodeID, s.epoch)
+		return err
+	})
+	if err != nil && !g.Fenced() {
+		g.log.Warn("mark session disconnected", "node", s.nodeID, "epoch", s.epoch, "err", err)
+	}
+}
+
+// handleMessage handles one message after Hello; a non-nil error closes
+// the stream with that code.
+func (g *Gateway) handleMessage(ctx context.Context, s *session, req *nodev1.ConnectRequest) *connect.Error {
+	switch m := req.GetMsg().(type) {
+	case *nodev1.ConnectRequest_Hello:
+		return connect.NewError(connect.CodeFailedPrecondition, errSecondHello)
+	case *nodev1.ConnectRequest_Heartbeat:
+		s.enqueue(&nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_HeartbeatAck{
+			HeartbeatAck: &nodev1.HeartbeatAck{Sequence: m.Heartbeat.GetSequence()},
+		}})
+		return nil
+	case *nodev1.ConnectRequest_CommandAck:
+		return g.handleAck(ctx, s, m.CommandAck)
+	case *nodev1.ConnectRequest_CommandResult:
+		return g.handleResult(ctx, s, m.CommandResult)
+	case *nodev1.ConnectRequest_Event:
+		return g.handleEvent(ctx, s, m.Event)
+	default:
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("empty or unknown message"))
+	}
+}
+
+func dbError(op string, err error) *connect.Error {
+	if errors.Is(err, context.Canceled) {
+		return connect.NewError(connect.CodeCanceled, err)
+	}
+	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s could not be recorded; reconnect and resend", op))
+}
+
+func (g *Gateway) handleAck(ctx context.Context, s *session, a *nodev1.CommandAck) *connect.Error {
+	id := a.GetCommandId()
+	if id == "" || len(id) > maxIDLen {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("command_ack.command_id must be 1..%d bytes", maxIDLen))
+	}
+	tag, err := g.db.Exec(ctx, ackSQL, id, s.nodeID)
+	if err != nil {
+		return dbError("command ack", err)
+	}
+	if tag.RowsAffected() > 0 {
+		return nil
+	}
+	var owner, state string
+	err = g.db.QueryRow(ctx, commandOwnerSQL, id).Scan(&owner, &state)
+	if err == nil && owner != s.nodeID {
+		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("command %s belongs to another node", id))
+	}
+	return nil // unknown, or already acknowledged or finished: nothing to do
+}
+
+func (g *Gateway) handleResult(ctx context.Context, s *session, r *nodev1.CommandResult) *connect.Error {
+	if r.GetCommandId() == "" || len(r.GetCommandId()) > maxIDLen || r.GetResultId() == "" || len(r.GetResultId()) > maxIDLen {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("command_result.command_id and result_id must be 1..%d bytes", maxIDLen))
+	}
+	var started, finished *time.Time
+	if r.GetStartedAt() != nil {
+		t := r.GetStartedAt().AsTime()
+		started = &t
+	}
+	if r.GetFinishedAt() != nil {
+		t := r.GetFinishedAt().AsTime()
+		finished = &t
+	}
+	output := r.GetOutput()
+	if output == nil {
+		output = []byte{}
+	}
+	var (
+		outcome = "stored"
+		denied  bool
+	)
+	err := pgdb.InTx(ctx, g.db, func(tx pgx.Tx) error {
+		var owner, state string
+		err := tx.QueryRow(ctx, commandOwnerForUpdateSQL, r.GetCommandId()).Scan(&owner, &state)
+		if errors.Is(err, pgx.ErrNoRows) {
+			outcome = "unknown"
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if owner != s.nodeID {
+			denied = true
+			return nil
+		}
+		tag, err := tx.Exec(ctx, insertResultSQL, s.nodeID, r.GetResultId(), r.GetCommandId(), r.GetExitCode(),
+			output, r.GetError(), started, finished, g.id, s.epoch)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			outcome = "duplicate"
+			return nil
+		}
+		final := "succeeded"
+		if r.GetExitCode() != 0 || r.GetError() != "" {
+			final = "failed"
+		}
+		_, err = tx.Exec(ctx, finishCommandSQL, r.GetCommandId(), final)
+		return err
+	})
+	if err != nil {
+		return dbError("command result", err)
+	}
+	if denied {
+		g.m.results.WithLabelValues("denied").Inc()
+		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("command %s belongs to another node", r.GetCommandId()))
+	}
+	g.m.results.WithLabelValues(outcome).Inc()
+	if outcome == "unknown" {
+		g.log.Warn("result for an unknown command dropped", "node", s.nodeID, "command", r.GetCommandId())
+	}
+	return nil
+}
+
+func (g *Gateway) handleEvent(ctx context.Context, s *session, e *nodev1.Event) *connect.Error {
+	if e.GetEventId() == "" || len(e.GetEventId()) > maxIDLen || e.GetKind() == "" || len(e.GetKind()) > maxKindLen {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("event.event_id must be 1..%d bytes and event.kind 1..%d", maxIDLen, maxKindLen))
+	}
+	if e.GetBootEpoch() > 1<<62 {
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("event.boot_epoch out of range"))
+	}
+	payload := []byte("{}")
+	if e.GetPayload() != nil {
+		b, err := protojson.Marshal(e.GetPayload())
+		if err != nil {
+			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("event.payload: %w", err))
+		}
+		payload = b
+	}
+	var occurred *time.Time
+	if e.GetOccurredAt() != nil {
+		t := e.GetOccurredAt().AsTime()
+		occurred = &t
+	}
+	tag, err := g.db.Exec(ctx, insertEventSQL, s.nodeID, e.GetEventId(), e.GetKind(), payload, occurred, g.id, s.epoch, int64(e.GetBootEpoch()))
+	if err != nil {
+		return dbError("event", err)
+	}
+	if tag.RowsAffected() == 0 {
+		g.m.events.WithLabelValues("duplicate").Inc()
+	} else {
+		g.m.events.WithLabelValues("stored").Inc()
+	}
+	return nil
+}

@@ -1,0 +1,271 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
+)
+
+// livenessLoop extends every session this gateway holds with one batched
+// statement per tick, guarded by session epoch. A session the statement does
+// not return is a zombie (its node said Hello elsewhere) and is closed. A
+// node silent for three heartbeat intervals is closed too.
+func (g *Gateway) livenessLoop(ctx context.Context) {
+	t := g.clock.NewTicker(g.cfg.LivenessInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.Chan():
+		}
+		if g.Fenced() {
+			return
+		}
+		if err := g.livenessOnce(ctx); err != nil && !g.Fenced() && ctx.Err() == nil {
+			g.log.Warn("session liveness write failed", "err", err)
+		}
+	}
+}
+
+func (g *Gateway) livenessOnce(ctx context.Context) error {
+	silentBefore := g.clock.Now().Add(-3 * g.cfg.HeartbeatInterval)
+	var (
+		live   []*session
+		ids    []string
+		epochs []int64
+	)
+	for _, s := range g.snapshot() {
+		if s.lastSeen().Before(silentBefore) {
+			s.close(connect.NewError(connect.CodeUnavailable, fmt.Errorf("no message from node %s for %s", s.nodeID, 3*g.cfg.HeartbeatInterval)))
+			continue
+		}
+		live = append(live, s)
+		ids = append(ids, s.nodeID)
+		epochs = append(epochs, s.epoch)
+	}
+	if len(live) == 0 {
+		// Still prove the lease in a fenced transaction, so a resumed
+		// gateway notices a lost lease even with no sessions.
+		return g.runFenced(ctx, func(context.Context, pgx.Tx) error { return nil })
+	}
+	matched := make(map[string]struct{}, len(live))
+	err := g.runFenced(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		clear(matched)
+		rows, err := tx.Query(ctx, livenessSQL, g.id, ids, epochs, g.cfg.SessionLease.Seconds())
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				return err
+			}
+			matched[id] = struct{}{}
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return err
+	}
+	for _, s := range live {
+		if _, ok := matched[s.nodeID]; ok {
+			continue
+		}
+		g.m.zombies.Inc()
+		g.log.Info("closing zombie session: the node said Hello elsewhere", "node", s.nodeID, "epoch", s.epoch)
+		s.close(connect.NewError(connect.CodeUnavailable, fmt.Errorf("session of node %s at epoch %d was superseded by a newer Hello", s.nodeID, s.epoch)))
+	}
+	return nil
+}
+
+// wakeDispatch asks the dispatcher to look at nodeID's pending commands
+// ("" looks at every session).
+func (g *Gateway) wakeDispatch(nodeID string) {
+	g.notifiedMu.Lock()
+	if nodeID == "" {
+		g.notified[""] = struct{}{}
+	} else {
+		g.notified[nodeID] = struct{}{}
+	}
+	g.notifiedMu.Unlock()
+	select {
+	case g.wake <- struct{}{}:
+	default:
+	}
+}
+
+// dispatchLoop dispatches pending commands of this gateway's sessions when
+// woken (NOTIFY, a new session) and at every poll.
+func (g *Gateway) dispatchLoop(ctx context.Context) {
+	t := g.clock.NewTicker(g.cfg.DispatchPoll)
+	defer t.Stop()
+	for {
+		all := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.Chan():
+			all = true
+		case <-g.wake:
+		}
+		if g.Fenced() {
+			return
+		}
+		g.notifiedMu.Lock()
+		nodes := g.notified
+		g.notified = map[string]struct{}{}
+		g.notifiedMu.Unlock()
+		if _, ok := nodes[""]; ok {
+			all = true
+		}
+		if err := g.dispatchFor(ctx, all, nodes); err != nil && !g.Fenced() && ctx.Err() == nil {
+			g.log.Warn("dispatch failed", "err", err)
+		}
+	}
+}
+
+func (g *Gateway) dispatchFor(ctx context.Context, all bool, nodes map[string]struct{}) error {
+	var (
+		ids    []string
+		epochs []int64
+	)
+	g.mu.Lock()
+	if all {
+		for id, s := range g.sessions {
+			ids = append(ids, id)
+			epochs = append(epochs, s.epoch)
+		}
+	} else {
+		for id := range nodes {
+			if s, ok := g.sessions[id]; ok {
+				ids = append(ids, id)
+				epochs = append(epochs, s.epoch)
+			}
+		}
+	}
+	g.mu.Unlock()
+	if len(ids) == 0 {
+		return nil
+	}
+	for {
+		n, err := g.dispatchOnce(ctx, ids, epochs)
+		if err != nil || n < g.cfg.DispatchBatch {
+			return err
+		}
+	}
+}
+
+type dispatched struct {
+	nodeID  string
+	epoch   int64
+	cmd     *nodev1.Command
+	latency float64
+}
+
+// dispatchOnce takes up to DispatchBatch pending commands in a transaction
+// fenced on the gateway lease, then sends each to its session.
+func (g *Gateway) dispatchOnce(ctx context.Context, ids []string, epochs []int64) (int, error) {
+	var out []dispatched
+	err := g.runFenced(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		out = out[:0]
+		rows, err := tx.Query(ctx, dispatchSQL, g.id, ids, epochs, g.cfg.DispatchBatch)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				d        dispatched
+				c        nodev1.Command
+				deadline *time.Time
+			)
+			if err := rows.Scan(&c.CommandId, &d.nodeID, &d.epoch, &c.Kind, &c.Payload, &deadline, &c.DispatchCount, &d.latency); err != nil {
+				return err
+			}
+			if deadline != nil {
+				c.Deadline = timestamppb.New(*deadline)
+			}
+			d.cmd = &c
+			out = append(out, d)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, d := range out {
+		g.m.dispatched.Inc()
+		g.m.dispatchLatency.Observe(d.latency)
+		g.mu.Lock()
+		s := g.sessions[d.nodeID]
+		g.mu.Unlock()
+		if s == nil || s.epoch != d.epoch || !s.enqueue(&nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Command{Command: d.cmd}}) {
+			// The stream ended meanwhile: the command stays dispatched and
+			// is replayed on the node's next Hello.
+			g.log.Debug("dispatched command has no open stream; it will be replayed", "node", d.nodeID, "command", d.cmd.CommandId)
+		}
+	}
+	return len(out), nil
+}
+
+// notifyLoop LISTENs for command inserts on a dedicated connection and wakes
+// dispatch for the notified nodes held here. Without a notify URL (behind a
+// transaction pooler) dispatch only polls.
+func (g *Gateway) notifyLoop(ctx context.Context) {
+	if g.notifyURL == "" {
+		g.log.Info("command notifications off (no direct database URL); dispatch polls", "interval", g.cfg.DispatchPoll)
+		return
+	}
+	for ctx.Err() == nil {
+		err := g.listen(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		g.log.Warn("command notifications lost; polling until reconnected", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-g.clock.After(time.Second):
+		}
+	}
+}
+
+func (g *Gateway) listen(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, g.notifyURL)
+	if err != nil {
+		return fmt.Errorf("connect for LISTEN: %w", err)
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(closeCtx)
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+commandsChannel); err != nil {
+		return fmt.Errorf("LISTEN %s: %w", commandsChannel, err)
+	}
+	g.wakeDispatch("") // catch up on whatever arrived while not listening
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			if errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		}
+		g.mu.Lock()
+		_, mine := g.sessions[n.Payload]
+		g.mu.Unlock()
+		if mine {
+			g.wakeDispatch(n.Payload)
+		}
+	}
+}

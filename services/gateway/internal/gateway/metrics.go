@@ -1,0 +1,74 @@
+package gateway
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/leasehold/leasehold/pkg/health"
+)
+
+type metrics struct {
+	streams         prometheus.Gauge
+	sessions        prometheus.Gauge
+	hellos          *prometheus.CounterVec
+	pushbacks       *prometheus.CounterVec
+	dispatched      prometheus.Counter
+	replayed        prometheus.Counter
+	dispatchLatency prometheus.Histogram
+	fenceFailures   prometheus.Counter
+	selfFences      prometheus.Counter
+	zombies         prometheus.Counter
+	renewLatency    prometheus.Histogram
+	results         *prometheus.CounterVec
+	events          *prometheus.CounterVec
+	role            *health.RoleGauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "leasehold_gateway_streams", Help: "Open node streams, including those still in their Hello.",
+		}),
+		sessions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "leasehold_gateway_sessions", Help: "Node sessions held by this gateway.",
+		}),
+		hellos: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leasehold_gateway_hellos_total", Help: "Hellos by outcome (welcomed, pushback, unauthenticated, refused, error); rate() gives the Hello rate.",
+		}, []string{"outcome"}),
+		pushbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leasehold_gateway_pushbacks_total", Help: "Dials refused with a retry-after pushback, by limit.",
+		}, []string{"reason"}),
+		dispatched: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leasehold_gateway_commands_dispatched_total", Help: "Pending commands dispatched to nodes.",
+		}),
+		replayed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leasehold_gateway_commands_replayed_total", Help: "In-flight commands replayed after a Hello.",
+		}),
+		dispatchLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "leasehold_gateway_dispatch_latency_seconds", Help: "Command insert to dispatch, on the database clock.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}),
+		fenceFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leasehold_gateway_fence_failures_total", Help: "Fenced transactions refused because the gateway lease was no longer held.",
+		}),
+		selfFences: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leasehold_gateway_self_fences_total", Help: "Times this gateway fenced itself.",
+		}),
+		zombies: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leasehold_gateway_zombie_sessions_total", Help: "Sessions closed because the node said Hello elsewhere.",
+		}),
+		renewLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "leasehold_gateway_lease_renew_seconds", Help: "Latency of gateway lease renewals.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		results: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leasehold_gateway_command_results_total", Help: "Command results received, by outcome (stored, duplicate, unknown).",
+		}, []string{"outcome"}),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leasehold_gateway_node_events_total", Help: "Node events received, by outcome (stored, duplicate).",
+		}, []string{"outcome"}),
+	}
+	reg.MustRegister(m.streams, m.sessions, m.hellos, m.pushbacks, m.dispatched, m.replayed, m.dispatchLatency,
+		m.fenceFailures, m.selfFences, m.zombies, m.renewLatency, m.results, m.events)
+	m.role = health.NewRoleGauge(reg, "gateway")
+	return m
+}

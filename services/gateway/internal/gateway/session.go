@@ -1,0 +1,125 @@
+package gateway
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
+)
+
+// maxQueued bounds the messages waiting for a slow node; past it the session
+// is closed and its commands are replayed on the next Hello.
+const maxQueued = 1024
+
+// session is one node's stream on this gateway. An idle session costs one
+// goroutine: the handler blocked in Receive. Messages to the node go through
+// a FIFO drained by a writer goroutine that exists only while the queue is
+// not empty, so dispatch never blocks on a slow node and Sends never overlap.
+// A session is closed from outside by closing the request body, which breaks
+// the pending Receive; the handler then returns the recorded reason.
+type session struct {
+	nodeID string
+	epoch  int64
+	send   func(*nodev1.ConnectResponse) error
+	// breakRecv unblocks the handler's Receive.
+	breakRecv func()
+
+	lastRecv atomic.Int64 // unix nanos of the last message from the node
+
+	mu       sync.Mutex
+	queue    []*nodev1.ConnectResponse
+	writing  bool
+	writerCh chan struct{} // closed when the current writer exits
+	closed   bool
+	reason   *connect.Error
+}
+
+func (s *session) touch(now time.Time) { s.lastRecv.Store(now.UnixNano()) }
+
+func (s *session) lastSeen() time.Time { return time.Unix(0, s.lastRecv.Load()) }
+
+// enqueue queues msg for the node; false when the session is closed.
+func (s *session) enqueue(msgs ...*nodev1.ConnectResponse) bool {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return false
+	}
+	if len(s.queue)+len(msgs) > maxQueued {
+		s.mu.Unlock()
+		s.close(connect.NewError(connect.CodeResourceExhausted, errSlowNode))
+		return false
+	}
+	s.queue = append(s.queue, msgs...)
+	if !s.writing {
+		s.writing = true
+		s.writerCh = make(chan struct{})
+		go s.write(s.writerCh)
+	}
+	s.mu.Unlock()
+	return true
+}
+
+func (s *session) write(done chan struct{}) {
+	defer close(done)
+	for {
+		s.mu.Lock()
+		if s.closed || len(s.queue) == 0 {
+			s.writing = false
+			s.queue = nil
+			s.mu.Unlock()
+			return
+		}
+		msg := s.queue[0]
+		s.queue[0] = nil
+		s.queue = s.queue[1:]
+		s.mu.Unlock()
+		if err := s.send(msg); err != nil {
+			s.close(nil)
+			s.mu.Lock()
+			s.writing = false
+			s.queue = nil
+			s.mu.Unlock()
+			return
+		}
+	}
+}
+
+// close ends the session with reason (nil: the stream itself failed). Only
+// the first close counts.
+func (s *session) close(reason *connect.Error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	s.reason = reason
+	s.mu.Unlock()
+	s.breakRecv()
+}
+
+// finish marks the session closed, waits for the writer to stop and returns
+// the close reason. The handler calls it before returning, so no Send runs
+// after the handler has returned.
+func (s *session) finish() *connect.Error {
+	s.mu.Lock()
+	s.closed = true
+	ch := s.writerCh
+	writing := s.writing
+	reason := s.reason
+	s.mu.Unlock()
+	if writing {
+		<-ch
+	}
+	return reason
+}
+
+func (s *session) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}

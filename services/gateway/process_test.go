@@ -1,0 +1,314 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/stretchr/testify/require"
+
+	"github.com/leasehold/leasehold/pkg/daemon"
+	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
+	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
+	"github.com/leasehold/leasehold/pkg/nodeauth"
+	"github.com/leasehold/leasehold/pkg/pgtest"
+	"github.com/leasehold/leasehold/pkg/proctest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+type gw struct {
+	*proctest.Proc
+	listen string
+}
+
+// startGateway runs a real gateway process with short timings: lease TTL
+// 2 s renewed every 500 ms, so half the TTL is 1 s.
+func startGateway(t *testing.T, db *pgtest.DB, name string, extra ...string) gw {
+	t.Helper()
+	bin := proctest.Build(t, ".")
+	listen := freeAddr(t)
+	args := append([]string{
+		"--database-url", db.URL, "--http-addr", freeAddr(t), "--listen-addr", listen, "--id", name,
+		"--log-format", "text", "--log-level", "debug",
+		"--gateway.lease-ttl", "2s", "--gateway.lease-renew", "500ms", "--gateway.session-lease", "6s",
+		"--gateway.liveness-interval", "200ms", "--gateway.heartbeat-interval", "1s", "--gateway.dispatch-poll", "200ms",
+		"--gateway.drain-max-delay", "1s", "--gateway.drain-grace", "1s",
+	}, extra...)
+	p := proctest.Start(t, name, bin, nil, args...)
+	p.WaitReady(30 * time.Second)
+	return gw{Proc: p, listen: listen}
+}
+
+func registerNodes(t *testing.T, db *pgtest.DB, n int) (ids, creds []string) {
+	t.Helper()
+	hashes := make([][]byte, n)
+	for i := range n {
+		c, err := nodeauth.NewCredential()
+		require.NoError(t, err)
+		ids = append(ids, fmt.Sprintf("n-%d", i))
+		creds = append(creds, c)
+		h := sha256.Sum256([]byte(c))
+		hashes[i] = h[:]
+	}
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `INSERT INTO nodes (id) SELECT unnest($1::text[])`, ids)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO node_credentials (node_id, credential_hash) SELECT * FROM unnest($1::text[], $2::bytea[])`, ids, hashes)
+	require.NoError(t, err)
+	return ids, creds
+}
+
+// balancer is a minimal L4 balancer: each connection goes to the first
+// backend that accepts it.
+type balancer struct {
+	ln       net.Listener
+	backends []string
+	wg       sync.WaitGroup
+}
+
+func newBalancer(t *testing.T, backends ...string) *balancer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	b := &balancer{ln: ln, backends: backends}
+	b.wg.Add(1)
+	go b.serve()
+	t.Cleanup(func() { _ = ln.Close(); b.wg.Wait() })
+	return b
+}
+
+func (b *balancer) serve() {
+	defer b.wg.Done()
+	for {
+		c, err := b.ln.Accept()
+		if err != nil {
+			return
+		}
+		b.wg.Add(1)
+		go func() {
+			defer b.wg.Done()
+			defer c.Close()
+			var up net.Conn
+			for _, addr := range b.backends {
+				if up, err = net.DialTimeout("tcp", addr, time.Second); err == nil {
+					break
+				}
+			}
+			if up == nil {
+				return
+			}
+			defer up.Close()
+			done := make(chan struct{}, 2)
+			go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
+			go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
+			<-done
+		}()
+	}
+}
+
+func (b *balancer) url() string { return "http://" + b.ln.Addr().String() }
+
+// TestKillGatewayWithCommandsInFlightExecutesEachOnce: daemons reach
+// gateway 1 through a balancer; it is SIGKILLed with commands in flight.
+// They redial through gateway 2, whose Hellos replay what was in flight;
+// every command then executes exactly once per node, and none is lost.
+func TestKillGatewayWithCommandsInFlightExecutesEachOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	db := pgtest.NewDB(t)
+	g1 := startGateway(t, db, "gw_kill1")
+	g2 := startGateway(t, db, "gw_kill2")
+	lb := newBalancer(t, g1.listen, g2.listen)
+	const nodes, perNode = 20, 10
+	ids, creds := registerNodes(t, db, nodes)
+
+	var mu sync.Mutex
+	executions := map[string]int{}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	daemons := make([]*daemon.Daemon, nodes)
+	for i := range nodes {
+		d, err := daemon.New(daemon.Config{
+			Address: lb.url(), NodeID: ids[i], Credential: creds[i],
+			BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second,
+			Handler: func(ctx context.Context, c *nodev1.Command) daemon.Outcome {
+				mu.Lock()
+				executions[c.GetCommandId()]++
+				mu.Unlock()
+				select { // keep commands in flight for a while
+				case <-time.After(time.Duration(50+rand.IntN(400)) * time.Millisecond):
+				case <-ctx.Done():
+				}
+				return daemon.Outcome{Output: []byte("ok")}
+			},
+		})
+		require.NoError(t, err)
+		daemons[i] = d
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = d.Run(ctx) }()
+	}
+	defer func() { cancel(); wg.Wait() }()
+	require.Eventually(t, func() bool {
+		var n int
+		_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM node_sessions WHERE gateway_id = 'gw_kill1' AND state = 'connected'`).Scan(&n)
+		return n == nodes
+	}, 20*time.Second, 50*time.Millisecond)
+
+	_, err := db.Pool.Exec(ctx, `INSERT INTO commands (node_id, kind) SELECT n, 'exec' FROM unnest($1::text[]) n, generate_series(1, $2)`, ids, perNode)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var done, inFlight int
+		_ = db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'succeeded'), count(*) FILTER (WHERE state IN ('dispatched', 'acknowledged')) FROM commands`).Scan(&done, &inFlight)
+		return done >= 20 && inFlight >= 10
+	}, 20*time.Second, 5*time.Millisecond)
+	g1.Kill()
+
+	require.Eventually(t, func() bool {
+		var done int
+		_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM commands WHERE state = 'succeeded'`).Scan(&done)
+		return done == nodes*perNode
+	}, 60*time.Second, 50*time.Millisecond, "every command must complete: none lost")
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, executions, nodes*perNode)
+	for id, n := range executions {
+		require.Equal(t, 1, n, "command %s executed %d times", id, n)
+	}
+	var replays int64
+	for _, d := range daemons {
+		replays += d.Stats().Replays
+	}
+	var onG2, redispatched int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM node_sessions WHERE gateway_id = 'gw_kill2'`).Scan(&onG2))
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM commands WHERE dispatch_count > 1`).Scan(&redispatched))
+	require.Equal(t, nodes, onG2, "every node re-homed on gateway 2")
+	t.Logf("%d commands executed once each; %d replayed after the kill (%d dropped by the journal)", nodes*perNode, redispatched, replays)
+	_ = g2
+}
+
+func sessionFingerprint(t *testing.T, db *pgtest.DB) string {
+	t.Helper()
+	var s string
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `
+SELECT concat_ws(' | ',
+  (SELECT string_agg(node_id || ':' || gateway_id || ':' || session_epoch || ':' || state || ':' || last_seen_at || ':' || session_expires_at, ',') FROM node_sessions),
+  (SELECT string_agg(id || ':' || state || ':' || dispatch_count || ':' || coalesce(dispatched_at::text, ''), ',') FROM commands),
+  (SELECT string_agg(id || ':' || state, ',') FROM nodes),
+  (SELECT string_agg(name || ':' || coalesce(owner, '') || ':' || epoch || ':' || expires_at, ',') FROM leases))`).Scan(&s))
+	return s
+}
+
+// TestPausedGatewayFencesItselfBeforeAnyWrite: a gateway SIGSTOPped past
+// its TTL (and so past half of it) resumes, fences itself (closing its
+// streams UNAVAILABLE, exiting 1) and writes nothing after resuming, though
+// a liveness write is due every 200 ms and a pending command waits for it.
+func TestPausedGatewayFencesItselfBeforeAnyWrite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	db := pgtest.NewDB(t)
+	g := startGateway(t, db, "gw_pause")
+	ids, creds := registerNodes(t, db, 1)
+
+	p := new(http.Protocols)
+	p.SetUnencryptedHTTP2(true)
+	hc := &http.Client{Transport: &http.Transport{Protocols: p}}
+	defer hc.CloseIdleConnections()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream := nodev1connect.NewNodeGatewayServiceClient(hc, "http://"+g.listen).Connect(ctx)
+	defer func() { _ = stream.CloseRequest() }()
+	require.NoError(t, stream.Send(&nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_Hello{Hello: &nodev1.Hello{
+		NodeId: ids[0], Credential: creds[0], Kind: nodev1.NodeKind_NODE_KIND_NODE}}}))
+	m, err := stream.Receive()
+	require.NoError(t, err)
+	require.NotNil(t, m.GetWelcome())
+
+	g.Pause()
+	_, err = db.Pool.Exec(ctx, `INSERT INTO commands (node_id, kind) VALUES ($1, 'exec')`, ids[0])
+	require.NoError(t, err)
+	// Past the TTL (2 s) and past idle_in_transaction_session_timeout (5 s),
+	// so not even a transaction caught mid-flight by SIGSTOP can commit.
+	time.Sleep(6 * time.Second)
+	before := sessionFingerprint(t, db)
+	g.Resume()
+
+	require.Equal(t, 1, g.Wait(10*time.Second), "a fenced gateway exits 1")
+	require.Contains(t, g.Logs(), "fenced itself")
+	for {
+		_, err := stream.Receive()
+		if err != nil {
+			require.Equal(t, connect.CodeUnavailable, connect.CodeOf(err), "stream closed UNAVAILABLE: %v", err)
+			break
+		}
+	}
+	require.Equal(t, before, sessionFingerprint(t, db), "no write after resume")
+	var state string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT state FROM commands`).Scan(&state))
+	require.Equal(t, "pending", state)
+}
+
+// TestSIGTERMDrainsThenReleasesLease: SIGTERM sends every daemon Drain,
+// waits for the streams to go, releases the lease and exits 0.
+func TestSIGTERMDrainsThenReleasesLease(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	db := pgtest.NewDB(t)
+	g := startGateway(t, db, "gw_drain")
+	ids, creds := registerNodes(t, db, 3)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var drains atomic.Int64
+	daemons := make([]*daemon.Daemon, len(ids))
+	for i := range ids {
+		d, err := daemon.New(daemon.Config{Address: "http://" + g.listen, NodeID: ids[i], Credential: creds[i],
+			BackoffBase: 5 * time.Second, BackoffMax: 5 * time.Second,
+			Handler: func(context.Context, *nodev1.Command) daemon.Outcome { return daemon.Outcome{} }})
+		require.NoError(t, err)
+		daemons[i] = d
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = d.Run(ctx) }()
+	}
+	defer func() { cancel(); wg.Wait() }()
+	require.Eventually(t, func() bool {
+		for _, d := range daemons {
+			if d.Welcome() == nil {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 20*time.Millisecond)
+
+	g.Signal(15) // SIGTERM
+	require.Equal(t, 0, g.Wait(15*time.Second))
+	for _, d := range daemons {
+		drains.Add(d.Stats().Drains)
+	}
+	require.EqualValues(t, len(ids), drains.Load(), "every daemon got Drain")
+	var owner *string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT owner FROM leases WHERE name = 'gateway:gw_drain'`).Scan(&owner))
+	require.Nil(t, owner, "lease released")
+	require.True(t, strings.Contains(g.Logs(), "gateway lease released"))
+}
