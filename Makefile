@@ -19,9 +19,6 @@ build:
 	@for s in $(SERVICES); do \
 		(cd services/$$s && go build -o $(BIN)/leasehold-$$s .) || exit 1; \
 	done
-	@# -o into a scratch dir: a plain `go build ./...` in a one-package main
-	@# module would drop a binary into the source tree.
-	@scratch=$$(mktemp -d); for m in $(MODULES); do (cd $$m && go build -o $$scratch/ ./...) || exit 1; done; rm -rf $$scratch
 
 ## test: run every module's tests against a real PostgreSQL (see pkg/pgtest)
 test: build
