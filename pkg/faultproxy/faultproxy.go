@@ -9,17 +9,17 @@ package faultproxy
 
 import (
 	"errors"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// Proxy forwards TCP connections from Addr to a target.
+// Proxy forwards TCP connections from Addr to a target, or to the first of
+// several targets that accepts (a minimal L4 balancer with fail-over).
 type Proxy struct {
-	ln     net.Listener
-	target string
+	ln      net.Listener
+	targets []string
 
 	refuse    atomic.Bool
 	blackhole atomic.Bool
@@ -32,12 +32,19 @@ type Proxy struct {
 }
 
 // New starts a proxy on a free loopback port forwarding to target.
-func New(target string) (*Proxy, error) {
+func New(target string) (*Proxy, error) { return NewBalancer(target) }
+
+// NewBalancer starts a proxy that sends each connection to the first of
+// targets that accepts it, so clients fail over when a target dies.
+func NewBalancer(targets ...string) (*Proxy, error) {
+	if len(targets) == 0 {
+		return nil, errors.New("faultproxy: no target")
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, done: make(chan struct{})}
+	p := &Proxy{ln: ln, targets: targets, conns: map[net.Conn]struct{}{}, done: make(chan struct{})}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -113,8 +120,14 @@ func (p *Proxy) accept() {
 
 func (p *Proxy) serve(client net.Conn) {
 	defer p.wg.Done()
-	server, err := net.DialTimeout("tcp", p.target, 5*time.Second)
-	if err != nil {
+	var server net.Conn
+	var err error
+	for _, t := range p.targets {
+		if server, err = net.DialTimeout("tcp", t, time.Second); err == nil {
+			break
+		}
+	}
+	if server == nil {
 		_ = client.Close()
 		return
 	}
@@ -153,10 +166,10 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 			}
 		}
 		if err != nil {
-			if !errors.Is(err, io.EOF) {
-				return
-			}
-			return
+			return // EOF or a closed connection: both ends close
 		}
 	}
 }
+
+// URL is the proxy's address as an h2c base URL.
+func (p *Proxy) URL() string { return "http://" + p.Addr() }

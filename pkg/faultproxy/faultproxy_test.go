@@ -83,3 +83,18 @@ func TestProxyFaults(t *testing.T) {
 	defer c2.Close()
 	require.Error(t, roundTrip(c2, time.Second), "refused connections are closed at once")
 }
+
+func TestBalancerFailsOverToTheNextTarget(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	deadAddr := dead.Addr().String()
+	dead.Close()
+	p, err := faultproxy.NewBalancer(deadAddr, echoServer(t))
+	require.NoError(t, err)
+	defer p.Close()
+	c, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, roundTrip(c, 2*time.Second))
+}

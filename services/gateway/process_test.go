@@ -2,11 +2,7 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"fmt"
-	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -18,114 +14,39 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/leasehold/leasehold/pkg/daemon"
+	"github.com/leasehold/leasehold/pkg/faultproxy"
+	"github.com/leasehold/leasehold/pkg/fleettest"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
-	"github.com/leasehold/leasehold/pkg/nodeauth"
 	"github.com/leasehold/leasehold/pkg/pgtest"
-	"github.com/leasehold/leasehold/pkg/proctest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-type gw struct {
-	*proctest.Proc
-	listen string
-}
+type gw = fleettest.Gateway
 
 // startGateway runs a real gateway process with short timings: lease TTL
 // 2 s renewed every 500 ms, so half the TTL is 1 s.
 func startGateway(t *testing.T, db *pgtest.DB, name string, extra ...string) gw {
 	t.Helper()
-	bin := proctest.Build(t, ".")
-	listen := freeAddr(t)
-	args := append([]string{
-		"--database-url", db.URL, "--http-addr", freeAddr(t), "--listen-addr", listen, "--id", name,
-		"--log-format", "text", "--log-level", "debug",
-		"--gateway.lease-ttl", "2s", "--gateway.lease-renew", "500ms", "--gateway.session-lease", "6s",
-		"--gateway.liveness-interval", "200ms", "--gateway.heartbeat-interval", "1s", "--gateway.dispatch-poll", "200ms",
-		"--gateway.drain-max-delay", "1s", "--gateway.drain-grace", "1s",
-	}, extra...)
-	p := proctest.Start(t, name, bin, nil, args...)
-	p.WaitReady(30 * time.Second)
-	return gw{Proc: p, listen: listen}
+	args := append(append([]string{"--log-level", "debug"}, fleettest.FastGateway...), extra...)
+	return fleettest.StartGateway(t, db.URL, name, args...)
 }
 
 func registerNodes(t *testing.T, db *pgtest.DB, n int) (ids, creds []string) {
 	t.Helper()
-	hashes := make([][]byte, n)
-	for i := range n {
-		c, err := nodeauth.NewCredential()
-		require.NoError(t, err)
-		ids = append(ids, fmt.Sprintf("n-%d", i))
-		creds = append(creds, c)
-		h := sha256.Sum256([]byte(c))
-		hashes[i] = h[:]
-	}
-	ctx := context.Background()
-	_, err := db.Pool.Exec(ctx, `INSERT INTO nodes (id) SELECT unnest($1::text[])`, ids)
-	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `INSERT INTO node_credentials (node_id, credential_hash) SELECT * FROM unnest($1::text[], $2::bytea[])`, ids, hashes)
-	require.NoError(t, err)
-	return ids, creds
+	return fleettest.RegisterNodes(t, db.Pool, "n", n)
 }
 
-// balancer is a minimal L4 balancer: each connection goes to the first
+// newBalancer is a minimal L4 balancer: each connection goes to the first
 // backend that accepts it.
-type balancer struct {
-	ln       net.Listener
-	backends []string
-	wg       sync.WaitGroup
-}
-
-func newBalancer(t *testing.T, backends ...string) *balancer {
+func newBalancer(t *testing.T, backends ...string) *faultproxy.Proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	lb, err := faultproxy.NewBalancer(backends...)
 	require.NoError(t, err)
-	b := &balancer{ln: ln, backends: backends}
-	b.wg.Add(1)
-	go b.serve()
-	t.Cleanup(func() { _ = ln.Close(); b.wg.Wait() })
-	return b
+	t.Cleanup(func() { _ = lb.Close() })
+	return lb
 }
-
-func (b *balancer) serve() {
-	defer b.wg.Done()
-	for {
-		c, err := b.ln.Accept()
-		if err != nil {
-			return
-		}
-		b.wg.Add(1)
-		go func() {
-			defer b.wg.Done()
-			defer c.Close()
-			var up net.Conn
-			for _, addr := range b.backends {
-				if up, err = net.DialTimeout("tcp", addr, time.Second); err == nil {
-					break
-				}
-			}
-			if up == nil {
-				return
-			}
-			defer up.Close()
-			done := make(chan struct{}, 2)
-			go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
-			go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
-			<-done
-		}()
-	}
-}
-
-func (b *balancer) url() string { return "http://" + b.ln.Addr().String() }
 
 // TestKillGatewayWithCommandsInFlightExecutesEachOnce: daemons reach
 // gateway 1 through a balancer; it is SIGKILLed with commands in flight.
@@ -138,7 +59,7 @@ func TestKillGatewayWithCommandsInFlightExecutesEachOnce(t *testing.T) {
 	db := pgtest.NewDB(t)
 	g1 := startGateway(t, db, "gw_kill1")
 	g2 := startGateway(t, db, "gw_kill2")
-	lb := newBalancer(t, g1.listen, g2.listen)
+	lb := newBalancer(t, g1.Listen, g2.Listen)
 	const nodes, perNode = 20, 10
 	ids, creds := registerNodes(t, db, nodes)
 
@@ -149,7 +70,7 @@ func TestKillGatewayWithCommandsInFlightExecutesEachOnce(t *testing.T) {
 	daemons := make([]*daemon.Daemon, nodes)
 	for i := range nodes {
 		d, err := daemon.New(daemon.Config{
-			Address: lb.url(), NodeID: ids[i], Credential: creds[i],
+			Address: lb.URL(), NodeID: ids[i], Credential: creds[i],
 			BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second,
 			Handler: func(ctx context.Context, c *nodev1.Command) daemon.Outcome {
 				mu.Lock()
@@ -237,7 +158,7 @@ func TestPausedGatewayFencesItselfBeforeAnyWrite(t *testing.T) {
 	defer hc.CloseIdleConnections()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	stream := nodev1connect.NewNodeGatewayServiceClient(hc, "http://"+g.listen).Connect(ctx)
+	stream := nodev1connect.NewNodeGatewayServiceClient(hc, "http://"+g.Listen).Connect(ctx)
 	defer func() { _ = stream.CloseRequest() }()
 	require.NoError(t, stream.Send(&nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_Hello{Hello: &nodev1.Hello{
 		NodeId: ids[0], Credential: creds[0], Kind: nodev1.NodeKind_NODE_KIND_NODE}}}))
@@ -283,7 +204,7 @@ func TestSIGTERMDrainsThenReleasesLease(t *testing.T) {
 	var drains atomic.Int64
 	daemons := make([]*daemon.Daemon, len(ids))
 	for i := range ids {
-		d, err := daemon.New(daemon.Config{Address: "http://" + g.listen, NodeID: ids[i], Credential: creds[i],
+		d, err := daemon.New(daemon.Config{Address: "http://" + g.Listen, NodeID: ids[i], Credential: creds[i],
 			BackoffBase: 5 * time.Second, BackoffMax: 5 * time.Second,
 			Handler: func(context.Context, *nodev1.Command) daemon.Outcome { return daemon.Outcome{} }})
 		require.NoError(t, err)
