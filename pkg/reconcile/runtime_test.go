@@ -218,7 +218,8 @@ func TestSinkDeliversEveryRecordAcrossTakeover(t *testing.T) {
 	}
 	sort.Slice(missing, func(i, j int) bool { return missing[i] < missing[j] })
 	require.Empty(t, missing)
-	require.Equal(t, 500, count(t, db.Pool, "SELECT cursor FROM sink_cursors WHERE sink_id = 'audit'"))
+	require.Eventually(t, func() bool { return count(t, db.Pool, "SELECT cursor FROM sink_cursors WHERE sink_id = 'audit'") == 500 },
+		5*time.Second, 10*time.Millisecond, "the cursor is saved after the last delivered batch")
 }
 
 // TestStalledReconcilerSelfReleases: a reconcile stuck past SelfReleaseAfter
