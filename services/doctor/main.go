@@ -1,24 +1,19 @@
-// Command leasehold-doctor runs findings from the database for operators.
+// Command leasehold-doctor reports findings about a leasehold deployment from
+// its database: `leasehold-doctor [check]` prints them and exits 0 ok, 1 warn,
+// 2 critical; `leasehold-doctor serve` serves DoctorService and one
+// Prometheus gauge per finding. See docs/doctor.md.
 //
-// Flags fall back to LEASEHOLD_* environment variables (see docs/configuration.md);
-// SIGTERM stops it gracefully.
+// Flags fall back to LEASEHOLD_* environment variables; serve stops
+// gracefully on SIGTERM.
 package main
 
 import (
 	"context"
+	"os"
 
-	"github.com/grafana/dskit/services"
-
-	"github.com/leasehold/leasehold/pkg/process"
+	"github.com/leasehold/leasehold/services/doctor/internal/cli"
 )
 
 func main() {
-	process.Main(process.Spec{
-		Name:     "doctor",
-		HTTPAddr: "127.0.0.1:9106",
-		IDPrefix: "",
-		Build: func(ctx context.Context, p *process.Process) ([]services.Service, error) {
-			return nil, nil
-		},
-	})
+	os.Exit(cli.Main(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }

@@ -207,4 +207,3 @@ func redact(url string) string {
 	}
 	return url
 }
-

@@ -30,6 +30,13 @@ func TestEveryServiceStartsServesHealthAndStopsOnSIGTERM(t *testing.T) {
 			if i == 0 {
 				args = append(args, "--migrate") // the first one migrates the empty database
 			}
+			if name == "doctor" {
+				// doctor is a CLI; its daemon is `leasehold-doctor serve`,
+				// with DoctorService on a port of its own.
+				apiPort, err := pglocal.FreePort()
+				require.NoError(t, err)
+				args = append([]string{"serve", "--listen-addr", fmt.Sprintf("127.0.0.1:%d", apiPort)}, args...)
+			}
 			p := proctest.Start(t, name, bin, []string{"LEASEHOLD_DATABASE_URL=" + db.URL}, args...)
 			p.WaitReady(30 * time.Second)
 			code, _, err := p.Get("/livez", "")

@@ -1,0 +1,152 @@
+package doctor
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Config holds the thresholds and the expected deployment the checks compare
+// the database against. Its defaults are DESIGN.md's timings.
+type Config struct {
+	// LeaseTTL is the shard and singleton lease TTL: a member silent this
+	// long is silent, and a fenced transaction older than it is long.
+	LeaseTTL time.Duration
+	// LiveWindow is how recent a heartbeat keeps a member in the live set.
+	LiveWindow time.Duration
+	// QueueOverdue is how late work may be before workers.queue fires.
+	QueueOverdue time.Duration
+	// WorkerAlive is how recent a heartbeat must be for a worker to count as
+	// alive in workers.queue.
+	WorkerAlive time.Duration
+	// SweeperJob is the periodic singleton workers.sweeper watches.
+	SweeperJob string
+	// SweeperStalePeriods is how many periods without a completion make the
+	// sweeper stale.
+	SweeperStalePeriods int
+	// MaxStreams is the gateways' --gateway.max-streams.
+	MaxStreams int
+	// Regions maps gateway ids to regions for gateways.headroom.
+	Regions Regions
+	// Expect* are the configured process counts for db.connections; a
+	// negative value means "what the database shows now".
+	ExpectWorkers, ExpectSchedulers, ExpectGateways, ExpectAPIs, ExpectSiteAgents int
+	// ExpectPoolSize is each process's --db-max-conns.
+	ExpectPoolSize int
+	// CheckTimeout bounds every statement of a check.
+	CheckTimeout time.Duration
+}
+
+// RegisterFlags registers the doctor's flags on fs with their defaults.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.DurationVar(&c.LeaseTTL, "lease-ttl", 15*time.Second, "shard and singleton lease TTL of the workers (silent members, long fenced transactions)")
+	fs.DurationVar(&c.LiveWindow, "live-window", 30*time.Second, "live worker window of the workers")
+	fs.DurationVar(&c.QueueOverdue, "queue-overdue", 5*time.Minute, "work overdue longer than this is reported by workers.queue")
+	fs.DurationVar(&c.WorkerAlive, "worker-alive", time.Minute, "a worker that heartbeated within this is alive (workers.queue)")
+	fs.StringVar(&c.SweeperJob, "sweeper-job", "sweeper", "periodic singleton watched by workers.sweeper")
+	fs.IntVar(&c.SweeperStalePeriods, "sweeper-stale-periods", 3, "periods without a completed sweep before workers.sweeper warns")
+	fs.IntVar(&c.MaxStreams, "max-streams", 5000, "the gateways' --gateway.max-streams (gateways.headroom)")
+	fs.Var(&c.Regions, "regions", "gateway regions for gateways.headroom: comma-separated gateway=region, a trailing * matches a prefix (gw-eu-*=eu); unmapped gateways are in region \"default\"")
+	fs.IntVar(&c.ExpectWorkers, "expect-workers", -1, "worker processes the deployment runs (db.connections; -1: the live ones)")
+	fs.IntVar(&c.ExpectSchedulers, "expect-schedulers", -1, "scheduler processes (-1: the live ones)")
+	fs.IntVar(&c.ExpectGateways, "expect-gateways", -1, "gateway processes (-1: the live ones)")
+	fs.IntVar(&c.ExpectAPIs, "expect-api", 0, "api processes")
+	fs.IntVar(&c.ExpectSiteAgents, "expect-site-agents", 0, "site-agent processes that connect to the database")
+	fs.IntVar(&c.ExpectPoolSize, "expect-pool-size", 10, "each process's --db-max-conns")
+	fs.DurationVar(&c.CheckTimeout, "check-timeout", 10*time.Second, "statement timeout of each check")
+}
+
+// DefaultConfig returns the configuration RegisterFlags would produce.
+func DefaultConfig() Config {
+	var c Config
+	c.RegisterFlags(flag.NewFlagSet("defaults", flag.ContinueOnError))
+	return c
+}
+
+// Validate refuses values the checks cannot use, naming the flag.
+func (c *Config) Validate() error {
+	var errs []error
+	positive := func(name string, d time.Duration) {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("--%s %s must be positive", name, d))
+		}
+	}
+	positive("lease-ttl", c.LeaseTTL)
+	positive("live-window", c.LiveWindow)
+	positive("queue-overdue", c.QueueOverdue)
+	positive("worker-alive", c.WorkerAlive)
+	positive("check-timeout", c.CheckTimeout)
+	if c.LeaseTTL > 0 && c.LiveWindow <= c.LeaseTTL {
+		errs = append(errs, fmt.Errorf("--live-window %s must be longer than --lease-ttl %s", c.LiveWindow, c.LeaseTTL))
+	}
+	if c.SweeperJob == "" {
+		errs = append(errs, errors.New("--sweeper-job must not be empty"))
+	}
+	if c.SweeperStalePeriods < 1 {
+		errs = append(errs, fmt.Errorf("--sweeper-stale-periods %d must be at least 1", c.SweeperStalePeriods))
+	}
+	if c.MaxStreams < 1 {
+		errs = append(errs, fmt.Errorf("--max-streams %d must be at least 1", c.MaxStreams))
+	}
+	if c.ExpectPoolSize < 1 {
+		errs = append(errs, fmt.Errorf("--expect-pool-size %d must be at least 1", c.ExpectPoolSize))
+	}
+	for name, v := range map[string]int{"expect-api": c.ExpectAPIs, "expect-site-agents": c.ExpectSiteAgents} {
+		if v < 0 {
+			errs = append(errs, fmt.Errorf("--%s %d must not be negative", name, v))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Regions maps gateway ids to regions: exact ids first, then the longest
+// matching prefix pattern ("gw-eu-*").
+type Regions struct {
+	exact    map[string]string
+	prefixes []regionPrefix
+	raw      string
+}
+
+type regionPrefix struct{ prefix, region string }
+
+// String returns the flag's value as given.
+func (r *Regions) String() string { return r.raw }
+
+// Set parses "gw-a=eu,gw-b=eu,gw-us-*=us".
+func (r *Regions) Set(v string) error {
+	parsed := Regions{exact: map[string]string{}, raw: v}
+	for item := range strings.SplitSeq(v, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		gw, region, ok := strings.Cut(item, "=")
+		gw, region = strings.TrimSpace(gw), strings.TrimSpace(region)
+		if !ok || gw == "" || region == "" {
+			return fmt.Errorf("region mapping %q: want gateway=region", item)
+		}
+		if p, isPrefix := strings.CutSuffix(gw, "*"); isPrefix {
+			parsed.prefixes = append(parsed.prefixes, regionPrefix{p, region})
+			continue
+		}
+		parsed.exact[gw] = region
+	}
+	*r = parsed
+	return nil
+}
+
+// Of returns the region of gateway id ("default" when unmapped).
+func (r *Regions) Of(id string) string {
+	if reg, ok := r.exact[id]; ok {
+		return reg
+	}
+	best, bestLen := "default", -1
+	for _, p := range r.prefixes {
+		if strings.HasPrefix(id, p.prefix) && len(p.prefix) > bestLen {
+			best, bestLen = p.region, len(p.prefix)
+		}
+	}
+	return best
+}

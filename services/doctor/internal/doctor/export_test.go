@@ -1,0 +1,4 @@
+package doctor
+
+// ClassifyVersion exposes classifyVersion to the external tests.
+var ClassifyVersion = classifyVersion
