@@ -39,6 +39,9 @@ var stack = []service{
 
 const devToken = "dev-health-token"
 
+// apiToken is the development admin token of the api (never use it elsewhere).
+const apiToken = "dev-admin-token-change-me"
+
 func main() {
 	var (
 		dir         = flag.String("dir", ".dev", "directory of the development cluster")
@@ -106,7 +109,8 @@ func runServices(ctx context.Context, logger *slog.Logger, bin, url string, exit
 	for _, s := range stack {
 		path := filepath.Join(bin, "leasehold-"+s.name)
 		cmd := exec.Command(path, "--http-addr", s.addr, "--log-format", "text")
-		cmd.Env = append(os.Environ(), "LEASEHOLD_DATABASE_URL="+url, "LEASEHOLD_HEALTH_TOKEN="+devToken)
+		cmd.Env = append(os.Environ(), "LEASEHOLD_DATABASE_URL="+url, "LEASEHOLD_HEALTH_TOKEN="+devToken,
+			"LEASEHOLD_API_TOKENS=admin:"+apiToken)
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 		if err := cmd.Start(); err != nil {
 			terminate(cmds)
@@ -125,7 +129,12 @@ func runServices(ctx context.Context, logger *slog.Logger, bin, url string, exit
 	for _, s := range stack {
 		fmt.Printf("  %-10s http://%s/readyz  /livez  /metrics  /healthz/detail (Authorization: Bearer %s)\n", s.name, s.addr, devToken)
 	}
-	fmt.Printf("  database   %s\n\nPress Ctrl-C to stop.\n", redact(url))
+	fmt.Printf("  database   %s\n", redact(url))
+	fmt.Printf("  nodes      connect to the gateway at http://127.0.0.1:9443 (h2c)\n")
+	fmt.Printf("\nTry the api (admin token %q):\n", apiToken)
+	fmt.Printf("  curl -s -H 'Authorization: Bearer %s' -H 'Content-Type: application/json' -d '{}' \\\n"+
+		"    http://127.0.0.1:8080/leasehold.control.v1.ControlService/ListWorkers\n", apiToken)
+	fmt.Printf("  bin/leasehold-doctor check --database-url '%s'\n\nPress Ctrl-C to stop.\n", url)
 
 	var timeout <-chan time.Time
 	if exitAfter > 0 {
