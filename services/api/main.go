@@ -1,24 +1,39 @@
-// Command leasehold-api runs ControlService, the operator and client API.
+// Command leasehold-api runs ControlService, the operator and client API
+// (docs/api.md).
 //
-// Flags fall back to LEASEHOLD_* environment variables (see docs/configuration.md);
-// SIGTERM stops it gracefully.
+// Flags fall back to LEASEHOLD_* environment variables (see
+// docs/configuration.md); API tokens come from --tokens-file and/or
+// LEASEHOLD_API_TOKENS. SIGTERM stops it gracefully.
 package main
 
 import (
 	"context"
+	"flag"
+	"os"
 
 	"github.com/grafana/dskit/services"
 
 	"github.com/leasehold/leasehold/pkg/process"
+	"github.com/leasehold/leasehold/services/api/internal/api"
 )
 
 func main() {
+	var cfg api.Config
 	process.Main(process.Spec{
 		Name:     "api",
 		HTTPAddr: "127.0.0.1:9104",
-		IDPrefix: "",
+		IDPrefix: "api_",
+		Flags: func(fs *flag.FlagSet) {
+			cfg.RegisterFlags(fs)
+			cfg.Tokens = os.Getenv(api.TokensEnv)
+		},
+		Validate: cfg.Validate,
 		Build: func(ctx context.Context, p *process.Process) ([]services.Service, error) {
-			return nil, nil
+			s, err := api.New(cfg, api.Deps{DB: p.DB, Logger: p.Logger, Registry: p.Registry, Health: p.Health})
+			if err != nil {
+				return nil, err
+			}
+			return []services.Service{s}, nil
 		},
 	})
 }

@@ -9,6 +9,11 @@
 // after another took the shard over; its uncommitted allocations vanish with
 // its transaction. A lease that cannot be filled yet keeps the nodes it has
 // and is retried when the scan finds it still pending.
+//
+// A node matches a selector on the union of the labels it reports (Hello)
+// and the labels set at registration (its spec). Candidates are locked FOR
+// NO KEY UPDATE, which does not conflict with the key-share locks that
+// inserts referencing a busy node take (commands, results, events).
 package placer
 
 import (
@@ -111,11 +116,12 @@ SELECT id, count, selector FROM pool_leases
 		if need := pl.count - have; need > 0 {
 			rows, err := tx.Query(ctx, `
 SELECT n.id FROM nodes n
- WHERE n.pool_id = $1 AND n.state = 'connected' AND n.labels @> $2::jsonb
+ WHERE n.pool_id = $1 AND n.state = 'connected'
+   AND (n.labels || coalesce(n.spec -> 'labels', '{}'::jsonb)) @> $2::jsonb
    AND NOT EXISTS (SELECT 1 FROM node_allocations a WHERE a.node_id = n.id)
  ORDER BY n.id
  LIMIT $3
- FOR UPDATE OF n SKIP LOCKED`, poolID, string(orEmpty(pl.selector)), need)
+ FOR NO KEY UPDATE OF n SKIP LOCKED`, poolID, string(orEmpty(pl.selector)), need)
 			if err != nil {
 				return placed, fmt.Errorf("find nodes for %s: %w", pl.id, err)
 			}

@@ -208,7 +208,7 @@ func recordEvent(ctx context.Context, tx pgx.Tx, nodeID string, o observed, kind
 	_, err = tx.Exec(ctx, `
 INSERT INTO node_events (node_id, id, kind, payload, occurred_at, gateway_id, session_epoch)
 VALUES ($1, $2, $3, $4, compute_now(), $5, $6)
-ON CONFLICT (node_id, id) DO NOTHING`, nodeID, fmt.Sprintf("%s@%d", kind, o.epoch), kind, b, o.gatewayID, o.epoch)
+ON CONFLICT (node_id, id) DO NOTHING`, nodeID, fmt.Sprintf("%s@%d", kind, o.epoch), kind, string(b), o.gatewayID, o.epoch)
 	if err != nil {
 		return fmt.Errorf("record %s for %s: %w", kind, nodeID, err)
 	}

@@ -1,0 +1,279 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
+
+	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
+	"github.com/leasehold/leasehold/pkg/pgdb"
+)
+
+// maxListPayloadBytes bounds the payload bytes of one ListCommands page: a
+// page ends early (with a next_page_token) rather than grow past it.
+const maxListPayloadBytes = 4 << 20
+
+type createCommand struct {
+	timeout  time.Duration // 0 when a deadline is given
+	deadline time.Time
+	key      *string
+}
+
+func validateCreateCommand(m *controlv1.CreateCommandRequest, defaultTimeout time.Duration) (createCommand, error) {
+	var c createCommand
+	if err := checkRE("node_id", m.GetNodeId(), idRE); err != nil {
+		return c, err
+	}
+	if err := checkRE("kind", m.GetKind(), kindRE); err != nil {
+		return c, err
+	}
+	if len(m.GetPayload()) > maxPayloadBytes {
+		return c, invalid("payload", "must be at most %d bytes, got %d", maxPayloadBytes, len(m.GetPayload()))
+	}
+	switch e := m.GetExpiry().(type) {
+	case *controlv1.CreateCommandRequest_Deadline:
+		t, err := checkTimestamp("deadline", e.Deadline)
+		if err != nil {
+			return c, err
+		}
+		c.deadline = t
+	case *controlv1.CreateCommandRequest_Timeout:
+		d, err := checkDuration("timeout", e.Timeout, MinCommandTimeout, MaxCommandTimeout)
+		if err != nil {
+			return c, err
+		}
+		c.timeout = d
+	default:
+		c.timeout = defaultTimeout
+	}
+	if k := m.GetIdempotencyKey(); k != "" {
+		if err := checkRE("idempotency_key", k, idempotencyKeyRE); err != nil {
+			return c, err
+		}
+		c.key = &k
+	}
+	return c, nil
+}
+
+// CreateCommand queues a command. With an idempotency key, a repeat with
+// the same kind and payload returns the first command (created=false); the
+// same key with other content is ALREADY_EXISTS. The deadline is counted on
+// the database clock.
+func (h *Handler) CreateCommand(ctx context.Context, req *connect.Request[controlv1.CreateCommandRequest]) (*connect.Response[controlv1.CreateCommandResponse], error) {
+	m := req.Msg
+	c, err := validateCreateCommand(m, h.defaultTimeout)
+	if err != nil {
+		return nil, err
+	}
+	payload := m.GetPayload()
+	if payload == nil {
+		payload = []byte{}
+	}
+	resp := &controlv1.CreateCommandResponse{}
+	err = pgdb.InTx(ctx, h.db, func(tx pgx.Tx) error {
+		var (
+			state string
+			now   time.Time
+		)
+		if err := tx.QueryRow(ctx, lockNodeForCommandSQL, m.GetNodeId()).Scan(&state, &now); errors.Is(err, pgx.ErrNoRows) {
+			return notFound("node_id", "node", m.GetNodeId())
+		} else if err != nil {
+			return err
+		}
+		if state == "revoked" {
+			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node_id: node %q is revoked", m.GetNodeId()))
+		}
+		deadline := c.deadline
+		if c.timeout > 0 {
+			deadline = now.Add(c.timeout)
+		} else if left := deadline.Sub(now); left < MinCommandTimeout || left > MaxCommandTimeout {
+			return invalid("deadline", "must be %s..%s after the current time", MinCommandTimeout, MaxCommandTimeout)
+		}
+		cmd, _, err := scanCommand(tx.QueryRow(ctx, insertCommandSQL, m.GetNodeId(), m.GetKind(), payload, deadline, c.key))
+		if err == nil {
+			resp.Command, resp.Created = cmd, true
+			return nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) || c.key == nil {
+			return err
+		}
+		// The key is taken: the insert waited for the other transaction,
+		// so the row is committed and visible to this new statement.
+		cmd, _, err = scanCommand(tx.QueryRow(ctx, commandByKeySQL, m.GetNodeId(), *c.key))
+		if err != nil {
+			return err
+		}
+		if cmd.GetKind() != m.GetKind() || !bytes.Equal(cmd.GetPayload(), payload) {
+			return connect.NewError(connect.CodeAlreadyExists, fmt.Errorf(
+				"idempotency_key: already used for command %s of node %q with another kind or payload", cmd.GetId(), m.GetNodeId()))
+		}
+		resp.Command = cmd
+		return nil
+	})
+	if err != nil {
+		return nil, h.fail(ctx, "create command", err)
+	}
+	if resp.Created {
+		h.audit(ctx, "command created", "command", resp.Command.GetId(), "node", m.GetNodeId(), "kind", m.GetKind())
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// readCommand returns the command and its result (nil when none).
+func (h *Handler) readCommand(ctx context.Context, id string) (*controlv1.Command, *controlv1.CommandResult, error) {
+	cmd, _, err := scanCommand(h.db.QueryRow(ctx, getCommandSQL, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil, notFound("command_id", "command", id)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	res, err := scanResult(h.db.QueryRow(ctx, resultSQL, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return cmd, nil, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return cmd, res, nil
+}
+
+// GetCommand returns one command and its result, if any.
+func (h *Handler) GetCommand(ctx context.Context, req *connect.Request[controlv1.GetCommandRequest]) (*connect.Response[controlv1.GetCommandResponse], error) {
+	id := req.Msg.GetCommandId()
+	if err := checkRE("command_id", id, idRE); err != nil {
+		return nil, err
+	}
+	cmd, res, err := h.readCommand(ctx, id)
+	if err != nil {
+		return nil, h.fail(ctx, "get command", err)
+	}
+	return connect.NewResponse(&controlv1.GetCommandResponse{Command: cmd, Result: res}), nil
+}
+
+// ListCommands returns commands newest first.
+func (h *Handler) ListCommands(ctx context.Context, req *connect.Request[controlv1.ListCommandsRequest]) (*connect.Response[controlv1.ListCommandsResponse], error) {
+	const method = "ListCommands"
+	m := req.Msg
+	if err := checkPage(m.GetPageSize(), m.GetPageToken()); err != nil {
+		return nil, err
+	}
+	if err := checkOptionalRE("node_id", m.GetNodeId(), idRE); err != nil {
+		return nil, err
+	}
+	if err := checkEnum("state", m.GetState(), controlv1.CommandState_name, true); err != nil {
+		return nil, err
+	}
+	after, err := decodePage(method, m.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	var afterAt *time.Time
+	if after.ID != "" {
+		t := after.time()
+		afterAt = &t
+	}
+	size := pageSize(m.GetPageSize())
+	rows, err := h.db.Query(ctx, listCommandsSQL, afterAt, after.ID, m.GetNodeId(), dbName(commandStates, m.GetState()), size+1)
+	if err != nil {
+		return nil, h.fail(ctx, "list commands", err)
+	}
+	defer rows.Close()
+	resp := &controlv1.ListCommandsResponse{}
+	var (
+		lastAt       time.Time
+		payloadBytes int
+	)
+	for rows.Next() {
+		c, created, err := scanCommand(rows)
+		if err != nil {
+			return nil, h.fail(ctx, "list commands", err)
+		}
+		if n := len(resp.Commands); n == size || (n > 0 && payloadBytes+len(c.GetPayload()) > maxListPayloadBytes) {
+			resp.NextPageToken = encodePage(pageKey{Method: method, ID: resp.Commands[n-1].GetId(), At: lastAt.UnixMicro()})
+			break
+		}
+		resp.Commands = append(resp.Commands, c)
+		lastAt, payloadBytes = created, payloadBytes+len(c.GetPayload())
+	}
+	if err := rows.Err(); err != nil {
+		return nil, h.fail(ctx, "list commands", err)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// CancelCommand moves a pending, dispatched or running command to
+// cancelled; a finished command is returned unchanged.
+func (h *Handler) CancelCommand(ctx context.Context, req *connect.Request[controlv1.CancelCommandRequest]) (*connect.Response[controlv1.CancelCommandResponse], error) {
+	id := req.Msg.GetCommandId()
+	if err := checkRE("command_id", id, idRE); err != nil {
+		return nil, err
+	}
+	cmd, _, err := scanCommand(h.db.QueryRow(ctx, cancelCommandSQL, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		cmd, _, err = scanCommand(h.db.QueryRow(ctx, getCommandSQL, id))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, notFound("command_id", "command", id)
+		}
+	} else if err == nil {
+		h.audit(ctx, "command cancelled", "command", id, "node", cmd.GetNodeId())
+	}
+	if err != nil {
+		return nil, h.fail(ctx, "cancel command", err)
+	}
+	return connect.NewResponse(&controlv1.CancelCommandResponse{Command: cmd}), nil
+}
+
+// waitMargin is kept back from the caller's own deadline so the answer
+// (the command as it stands) arrives before the caller gives up.
+const waitMargin = 200 * time.Millisecond
+
+// WaitCommand waits until the command is terminal, the timeout passes, the
+// caller's deadline is near or the server stops, then returns the command
+// as it stands.
+func (h *Handler) WaitCommand(ctx context.Context, req *connect.Request[controlv1.WaitCommandRequest]) (*connect.Response[controlv1.WaitCommandResponse], error) {
+	m := req.Msg
+	id := m.GetCommandId()
+	if err := checkRE("command_id", id, idRE); err != nil {
+		return nil, err
+	}
+	wait := DefaultWait
+	if m.GetTimeout() != nil {
+		d, err := checkDuration("timeout", m.GetTimeout(), 0, MaxWait)
+		if err != nil {
+			return nil, err
+		}
+		wait = d
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(dl)-waitMargin)
+	}
+	cmd, res, err := h.readCommand(ctx, id)
+	if err != nil {
+		return nil, h.fail(ctx, "wait command", err)
+	}
+	if !terminalCommand(cmd.GetState()) && wait > 0 {
+		finished, cancel := h.waiter.register(id)
+		timer := time.NewTimer(wait)
+		select {
+		case <-finished:
+		case <-timer.C:
+		case <-h.waiter.stopping():
+		case <-ctx.Done():
+		}
+		timer.Stop()
+		cancel()
+		if ctx.Err() != nil {
+			return nil, h.fail(ctx, "wait command", ctx.Err())
+		}
+		if cmd, res, err = h.readCommand(ctx, id); err != nil {
+			return nil, h.fail(ctx, "wait command", err)
+		}
+	}
+	return connect.NewResponse(&controlv1.WaitCommandResponse{Command: cmd, Result: res}), nil
+}

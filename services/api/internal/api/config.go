@@ -1,0 +1,92 @@
+package api
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/leasehold/leasehold/pkg/apiauth"
+)
+
+// TokensEnv is the environment variable holding inline API tokens
+// ("role:token" or "role:sha256:<hex>", separated by commas or newlines). It
+// is read directly, never through a flag, so tokens stay off command lines.
+const TokensEnv = "LEASEHOLD_API_TOKENS"
+
+// Limits of the API's configuration and requests.
+const (
+	// MaxWait caps WaitCommand's timeout; DefaultWait applies when unset.
+	MaxWait     = 60 * time.Second
+	DefaultWait = 30 * time.Second
+	// MinCommandTimeout and MaxCommandTimeout bound a command's life.
+	MinCommandTimeout = time.Second
+	MaxCommandTimeout = 7 * 24 * time.Hour
+)
+
+// Config is the api service's configuration.
+type Config struct {
+	// ListenAddr serves ControlService (HTTP/1.1 and HTTP/2: h2c, or TLS).
+	ListenAddr string
+	// TokensFile holds "role:token" lines; see package apiauth.
+	TokensFile string
+	// Tokens is the inline token list (main sets it from LEASEHOLD_API_TOKENS).
+	Tokens string
+	// TLSCert and TLSKey serve TLS when both are set.
+	TLSCert, TLSKey string
+	// MaxMessageBytes refuses larger requests with RESOURCE_EXHAUSTED.
+	MaxMessageBytes int
+	// DefaultCommandTimeout is a command's life when the request sets none.
+	DefaultCommandTimeout time.Duration
+	// WaitPollInterval is how often WaitCommand checks its commands.
+	WaitPollInterval time.Duration
+	// ShutdownGrace bounds how long in-flight calls may finish on stop.
+	ShutdownGrace time.Duration
+}
+
+// RegisterFlags registers the api flags on fs.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.ListenAddr, "listen-addr", "127.0.0.1:8080", "address of ControlService (Connect, gRPC and gRPC-Web; HTTP/1.1 and h2c, or TLS)")
+	fs.StringVar(&c.TokensFile, "tokens-file", "", "file of API tokens, one \"role:token\" or \"role:sha256:<hex>\" per line (also "+TokensEnv+")")
+	fs.StringVar(&c.TLSCert, "api.tls-cert", "", "TLS certificate of --listen-addr (PEM); with --api.tls-key")
+	fs.StringVar(&c.TLSKey, "api.tls-key", "", "TLS key of --listen-addr (PEM)")
+	fs.IntVar(&c.MaxMessageBytes, "api.max-message-bytes", 4<<20, "largest request message accepted")
+	fs.DurationVar(&c.DefaultCommandTimeout, "api.default-command-timeout", time.Hour, "life of a command created without deadline or timeout")
+	fs.DurationVar(&c.WaitPollInterval, "api.wait-poll-interval", 100*time.Millisecond, "how often WaitCommand checks for finished commands")
+	fs.DurationVar(&c.ShutdownGrace, "api.shutdown-grace", 10*time.Second, "how long in-flight calls may finish on SIGTERM")
+}
+
+// Validate checks the configuration, naming the offending flag, and loads
+// the tokens so a bad tokens file stops the process at start.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.ListenAddr == "" {
+		errs = append(errs, errors.New("--listen-addr is required"))
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		errs = append(errs, errors.New("--api.tls-cert and --api.tls-key go together"))
+	}
+	if c.MaxMessageBytes < 1024 || c.MaxMessageBytes > 64<<20 {
+		errs = append(errs, fmt.Errorf("--api.max-message-bytes %d must be in 1024..%d", c.MaxMessageBytes, 64<<20))
+	}
+	if c.DefaultCommandTimeout < MinCommandTimeout || c.DefaultCommandTimeout > MaxCommandTimeout {
+		errs = append(errs, fmt.Errorf("--api.default-command-timeout %s must be in %s..%s", c.DefaultCommandTimeout, MinCommandTimeout, MaxCommandTimeout))
+	}
+	if c.WaitPollInterval < 10*time.Millisecond || c.WaitPollInterval > 10*time.Second {
+		errs = append(errs, fmt.Errorf("--api.wait-poll-interval %s must be in 10ms..10s", c.WaitPollInterval))
+	}
+	if c.ShutdownGrace <= 0 || c.ShutdownGrace > 5*time.Minute {
+		errs = append(errs, fmt.Errorf("--api.shutdown-grace %s must be in (0, 5m]", c.ShutdownGrace))
+	}
+	if k, err := c.Keyring(); err != nil {
+		errs = append(errs, err)
+	} else if k.Len() == 0 {
+		errs = append(errs, fmt.Errorf("no API tokens: give --tokens-file (LEASEHOLD_TOKENS_FILE) or %s", TokensEnv))
+	}
+	return errors.Join(errs...)
+}
+
+// Keyring loads the configured tokens.
+func (c *Config) Keyring() (*apiauth.Keyring, error) {
+	return apiauth.Load(c.TokensFile, c.Tokens, TokensEnv)
+}

@@ -1,0 +1,189 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
+
+	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
+	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
+	"github.com/leasehold/leasehold/pkg/nodeauth"
+	"github.com/leasehold/leasehold/pkg/pgdb"
+)
+
+func validateRegisterNode(m *controlv1.RegisterNodeRequest) (kind string, err error) {
+	if err := checkRE("node_id", m.GetNodeId(), idRE); err != nil {
+		return "", err
+	}
+	switch m.GetKind() {
+	case nodev1.NodeKind_NODE_KIND_NODE:
+		kind = "node"
+	case nodev1.NodeKind_NODE_KIND_SITE_AGENT:
+		kind = "site_agent"
+		if m.GetSiteId() == "" {
+			return "", invalid("site_id", "is required for a site agent")
+		}
+	default:
+		return "", invalid("kind", "must be NODE_KIND_NODE or NODE_KIND_SITE_AGENT")
+	}
+	if err := checkOptionalRE("site_id", m.GetSiteId(), idRE); err != nil {
+		return "", err
+	}
+	if err := checkLabels("labels", m.GetLabels()); err != nil {
+		return "", err
+	}
+	if err := checkOptionalRE("pool_id", m.GetPoolId(), idRE); err != nil {
+		return "", err
+	}
+	return kind, nil
+}
+
+// RegisterNode creates a node and its first credential, returned once and
+// stored only as a SHA-256 hash. Registering an existing id is
+// ALREADY_EXISTS: rotating a credential is not done by re-registering.
+func (h *Handler) RegisterNode(ctx context.Context, req *connect.Request[controlv1.RegisterNodeRequest]) (*connect.Response[controlv1.RegisterNodeResponse], error) {
+	m := req.Msg
+	kind, err := validateRegisterNode(m)
+	if err != nil {
+		return nil, err
+	}
+	cred, err := nodeauth.NewCredential()
+	if err != nil {
+		return nil, h.fail(ctx, "register node", err)
+	}
+	var site, pool *string
+	if m.GetSiteId() != "" {
+		site = &m.SiteId
+	}
+	if m.GetPoolId() != "" {
+		pool = &m.PoolId
+	}
+	spec := "{}"
+	if len(m.GetLabels()) > 0 {
+		spec = `{"labels":` + encodeLabels(m.GetLabels()) + `}`
+	}
+	var node *controlv1.Node
+	err = pgdb.InTx(ctx, h.db, func(tx pgx.Tx) error {
+		if pool != nil {
+			if err := tx.QueryRow(ctx, lockPoolSQL, *pool).Scan(new(int)); errors.Is(err, pgx.ErrNoRows) {
+				return notFound("pool_id", "pool", *pool)
+			} else if err != nil {
+				return err
+			}
+		}
+		tag, err := tx.Exec(ctx, insertNodeSQL, m.GetNodeId(), kind, site, pool, spec)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("node_id: node %q already exists", m.GetNodeId()))
+		}
+		if _, err := tx.Exec(ctx, insertCredentialSQL, m.GetNodeId(), nodeauth.Hash(cred)); err != nil {
+			return err
+		}
+		node, err = scanNode(tx.QueryRow(ctx, getNodeSQL, m.GetNodeId()))
+		return err
+	})
+	if err != nil {
+		return nil, h.fail(ctx, "register node", err)
+	}
+	h.audit(ctx, "node registered", "node", node.GetId(), "kind", kind, "pool", m.GetPoolId())
+	return connect.NewResponse(&controlv1.RegisterNodeResponse{Node: node, Credential: cred}), nil
+}
+
+// RevokeNode revokes every credential of the node, marks it revoked and
+// closes its session. Revoking twice is not an error.
+func (h *Handler) RevokeNode(ctx context.Context, req *connect.Request[controlv1.RevokeNodeRequest]) (*connect.Response[controlv1.RevokeNodeResponse], error) {
+	id := req.Msg.GetNodeId()
+	if err := checkRE("node_id", id, idRE); err != nil {
+		return nil, err
+	}
+	var node *controlv1.Node
+	err := pgdb.InTx(ctx, h.db, func(tx pgx.Tx) error {
+		var state string
+		if err := tx.QueryRow(ctx, lockNodeForRevokeSQL, id).Scan(&state); errors.Is(err, pgx.ErrNoRows) {
+			return notFound("node_id", "node", id)
+		} else if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, revokeCredentialsSQL, id); err != nil {
+			return err
+		}
+		if state != "revoked" {
+			if _, err := tx.Exec(ctx, revokeNodeSQL, id); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.Exec(ctx, closeRevokedSessionSQL, id); err != nil {
+			return err
+		}
+		var err error
+		node, err = scanNode(tx.QueryRow(ctx, getNodeSQL, id))
+		return err
+	})
+	if err != nil {
+		return nil, h.fail(ctx, "revoke node", err)
+	}
+	h.audit(ctx, "node revoked", "node", id)
+	return connect.NewResponse(&controlv1.RevokeNodeResponse{Node: node}), nil
+}
+
+// GetNode returns one node.
+func (h *Handler) GetNode(ctx context.Context, req *connect.Request[controlv1.GetNodeRequest]) (*connect.Response[controlv1.GetNodeResponse], error) {
+	id := req.Msg.GetNodeId()
+	if err := checkRE("node_id", id, idRE); err != nil {
+		return nil, err
+	}
+	node, err := scanNode(h.db.QueryRow(ctx, getNodeSQL, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, notFound("node_id", "node", id)
+	}
+	if err != nil {
+		return nil, h.fail(ctx, "get node", err)
+	}
+	return connect.NewResponse(&controlv1.GetNodeResponse{Node: node}), nil
+}
+
+// ListNodes returns nodes ordered by id.
+func (h *Handler) ListNodes(ctx context.Context, req *connect.Request[controlv1.ListNodesRequest]) (*connect.Response[controlv1.ListNodesResponse], error) {
+	const method = "ListNodes"
+	m := req.Msg
+	if err := checkPage(m.GetPageSize(), m.GetPageToken()); err != nil {
+		return nil, err
+	}
+	if err := checkEnum("state", m.GetState(), controlv1.NodeState_name, true); err != nil {
+		return nil, err
+	}
+	if err := checkOptionalRE("pool_id", m.GetPoolId(), idRE); err != nil {
+		return nil, err
+	}
+	after, err := decodePage(method, m.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	size := pageSize(m.GetPageSize())
+	rows, err := h.db.Query(ctx, listNodesSQL, after.ID, dbName(nodeStates, m.GetState()), m.GetPoolId(), size+1)
+	if err != nil {
+		return nil, h.fail(ctx, "list nodes", err)
+	}
+	defer rows.Close()
+	resp := &controlv1.ListNodesResponse{}
+	for rows.Next() {
+		n, err := scanNode(rows)
+		if err != nil {
+			return nil, h.fail(ctx, "list nodes", err)
+		}
+		if len(resp.Nodes) == size {
+			resp.NextPageToken = encodePage(pageKey{Method: method, ID: resp.Nodes[size-1].GetId()})
+			break
+		}
+		resp.Nodes = append(resp.Nodes, n)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, h.fail(ctx, "list nodes", err)
+	}
+	return connect.NewResponse(resp), nil
+}

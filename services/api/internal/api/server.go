@@ -1,0 +1,194 @@
+// Package api serves ControlService (proto/leasehold/control/v1): the
+// operator and client API of the control plane, over Connect, gRPC and
+// gRPC-Web with binary and JSON codecs, on HTTP/1.1 and HTTP/2 (h2c, or
+// TLS). Every call needs a bearer token whose role permits it (auth.go);
+// every request is validated in full before any SQL runs (validate.go).
+// The service is stateless: any number of replicas may serve side by side.
+package api
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+	"connectrpc.com/grpchealth"
+	"connectrpc.com/grpcreflect"
+	"github.com/grafana/dskit/services"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1/controlv1connect"
+	"github.com/leasehold/leasehold/pkg/health"
+)
+
+// Deps are what the api service needs from its process.
+type Deps struct {
+	DB       *pgxpool.Pool
+	Logger   *slog.Logger
+	Registry prometheus.Registerer
+	// Health, when set, gets the "api" readiness check.
+	Health *health.Handler
+}
+
+// Service is the api's dskit service: it listens in starting, serves in
+// running and shuts the server down gracefully when stopped.
+type Service struct {
+	services.Service
+
+	cfg     Config
+	log     *slog.Logger
+	handler *Handler
+	waiter  *waiter
+	checker *grpchealth.StaticChecker
+	role    *health.RoleGauge
+	srv     *http.Server
+	ln      net.Listener
+	serving atomic.Bool
+}
+
+// New builds the service; it listens only once started.
+func New(cfg Config, deps Deps) (*Service, error) {
+	keys, err := cfg.Keyring()
+	if err != nil {
+		return nil, err
+	}
+	if keys.Len() == 0 {
+		return nil, fmt.Errorf("no API tokens: give --tokens-file or %s", TokensEnv)
+	}
+	log := deps.Logger.With("component", "api")
+	s := &Service{
+		cfg:     cfg,
+		log:     log,
+		waiter:  newWaiter(deps.DB, cfg.WaitPollInterval, log),
+		checker: grpchealth.NewStaticChecker(),
+		role:    health.NewRoleGauge(deps.Registry, "api"),
+	}
+	s.checker.SetStatus("", grpchealth.StatusNotServing)
+	s.checker.SetStatus(controlv1connect.ControlServiceName, grpchealth.StatusNotServing)
+	s.handler = &Handler{db: deps.DB, log: log, waiter: s.waiter, defaultTimeout: cfg.DefaultCommandTimeout}
+	m := newMetrics(deps.Registry, s.waiter)
+
+	mux := http.NewServeMux()
+	mux.Handle(controlv1connect.NewControlServiceHandler(s.handler,
+		connect.WithInterceptors(m.interceptor(), &authInterceptor{keys: keys, log: log}),
+		connect.WithReadMaxBytes(cfg.MaxMessageBytes),
+		connect.WithCompressMinBytes(1024),
+	))
+	mux.Handle(grpchealth.NewHandler(s.checker))
+	reflector := grpcreflect.NewStaticReflector(controlv1connect.ControlServiceName, grpchealth.HealthV1ServiceName)
+	mux.Handle(grpcreflect.NewHandlerV1(reflector))
+	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
+
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true)
+	s.srv = &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		// WaitCommand may hold a call for MaxWait.
+		WriteTimeout:   MaxWait + 15*time.Second,
+		IdleTimeout:    2 * time.Minute,
+		MaxHeaderBytes: 64 << 10,
+		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		Protocols:      protocols,
+		HTTP2:          &http.HTTP2Config{MaxConcurrentStreams: 250},
+	}
+	if cfg.TLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			return nil, fmt.Errorf("load --api.tls-cert %s / --api.tls-key %s: %w", cfg.TLSCert, cfg.TLSKey, err)
+		}
+		protocols.SetHTTP2(true)
+		s.srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	} else {
+		protocols.SetUnencryptedHTTP2(true) // h2c, so gRPC clients work without TLS
+	}
+	if deps.Health != nil {
+		deps.Health.AddReadiness("api", func(context.Context) error {
+			if !s.serving.Load() {
+				return errors.New("ControlService is not serving")
+			}
+			return nil
+		})
+		deps.Health.AddDetail("api", func(context.Context) any {
+			return map[string]any{"serving": s.serving.Load(), "addr": s.Addr(), "tls": cfg.TLSCert != "",
+				"tokens": keys.Len(), "wait_commands": s.waiter.len()}
+		})
+	}
+	s.Service = services.NewBasicService(s.starting, s.running, nil).WithName("api")
+	return s, nil
+}
+
+// Addr is the address ControlService listens on, once started.
+func (s *Service) Addr() string {
+	if s.ln == nil {
+		return ""
+	}
+	return s.ln.Addr().String()
+}
+
+func (s *Service) starting(context.Context) error {
+	ln, err := net.Listen("tcp", s.cfg.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("listen on --listen-addr %s: %w", s.cfg.ListenAddr, err)
+	}
+	s.ln = ln
+	return nil
+}
+
+func (s *Service) running(ctx context.Context) error {
+	// Serve mutates the server's TLS and HTTP/2 settings: read them first.
+	useTLS := s.srv.TLSConfig != nil
+	serveErr := make(chan error, 1)
+	go func() {
+		if useTLS {
+			serveErr <- s.srv.ServeTLS(s.ln, "", "")
+		} else {
+			serveErr <- s.srv.Serve(s.ln)
+		}
+	}()
+	waitCtx, stopWaiter := context.WithCancel(context.WithoutCancel(ctx))
+	waiterDone := make(chan struct{})
+	go func() { defer close(waiterDone); s.waiter.run(waitCtx) }()
+
+	s.checker.SetStatus("", grpchealth.StatusServing)
+	s.checker.SetStatus(controlv1connect.ControlServiceName, grpchealth.StatusServing)
+	s.serving.Store(true)
+	s.role.Set(health.RoleActive)
+	s.log.Info("ControlService serving", "addr", s.Addr(), "tls", useTLS)
+
+	var failure error
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		failure = fmt.Errorf("serve ControlService: %w", err)
+	}
+	s.serving.Store(false)
+	s.role.Set(health.RoleStandby)
+	s.checker.SetStatus("", grpchealth.StatusNotServing)
+	s.checker.SetStatus(controlv1connect.ControlServiceName, grpchealth.StatusNotServing)
+	// Waiting calls answer at once with the command as it stands, then the
+	// server lets in-flight calls finish within the grace period.
+	stopWaiter()
+	<-waiterDone
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownGrace)
+	defer cancel()
+	if err := s.srv.Shutdown(shutdownCtx); err != nil {
+		s.log.Warn("ControlService did not drain in time; closing connections", "grace", s.cfg.ShutdownGrace, "err", err)
+		_ = s.srv.Close()
+	}
+	if failure == nil {
+		if err := <-serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			failure = fmt.Errorf("serve ControlService: %w", err)
+		}
+	}
+	s.log.Info("ControlService stopped")
+	return failure
+}
