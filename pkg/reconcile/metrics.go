@@ -29,7 +29,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		queueOverdue: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "leasehold_queue_overdue", Help: "Keys due more than 5 minutes ago, by reconciler."}, []string{"reconciler"}),
 		periods: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "leasehold_singleton_periods_total", Help: "Periods completed by periodic singletons."}, []string{"job"}),
+			Name: "leasehold_singleton_periods_total", Help: "Periods completed by periodic singletons."}, []string{"singleton"}),
 		sinkBatches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leasehold_sink_batches_total", Help: "Batches delivered by sinks, by outcome."}, []string{"sink", "outcome"}),
 		selfReleases: prometheus.NewCounter(prometheus.CounterOpts{

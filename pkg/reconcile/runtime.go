@@ -118,6 +118,7 @@ type Runtime struct {
 	jobCancel map[string]context.CancelFunc
 	loops     map[string]*health.Loop
 
+	role       *health.RoleGauge
 	stalled    chan string
 	stallOnce  sync.Once
 	wg         sync.WaitGroup
@@ -155,6 +156,9 @@ func New(cfg Config, db *pgxpool.Pool, opts Options) (*Runtime, error) {
 		cfg: cfg, db: db, client: client, logger: opts.Logger, clock: opts.Clock,
 		m: newMetrics(opts.Registerer), reg: opts.Registerer, notify: opts.NotifyURL,
 		loops: map[string]*health.Loop{}, stalled: make(chan string, 1), jobCancel: map[string]context.CancelFunc{},
+	}
+	if opts.Registerer != nil {
+		rt.role = health.NewRoleGauge(opts.Registerer, "reconcile")
 	}
 	rt.BasicService = services.NewBasicService(rt.starting, rt.running, rt.stopping).WithName("reconcile")
 	return rt, nil
@@ -384,10 +388,27 @@ func (rt *Runtime) watch(ctx context.Context) {
 				rt.selfRelease(ctx, l)
 			}
 		}
+		rt.exportRole()
 		if rt.clock.Since(lastDepth) >= 5*time.Second && len(rt.sharded) > 0 {
 			lastDepth = rt.clock.Now()
 			rt.exportDepth(ctx)
 		}
+	}
+}
+
+// exportRole sets leasehold_role{component="reconcile"}: fenced after a
+// self-release, active while any lease is held, standby otherwise.
+func (rt *Runtime) exportRole() {
+	if rt.role == nil {
+		return
+	}
+	switch {
+	case rt.stalledOut():
+		rt.role.Set(health.RoleFenced)
+	case len(rt.renewer.Held()) > 0:
+		rt.role.Set(health.RoleActive)
+	default:
+		rt.role.Set(health.RoleStandby)
 	}
 }
 

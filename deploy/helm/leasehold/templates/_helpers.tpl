@@ -1,0 +1,328 @@
+{{/* Names ---------------------------------------------------------------- */}}
+
+{{- define "leasehold.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "leasehold.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* leasehold.componentName: <fullname>-<component>, e.g. leasehold-gateway. */}}
+{{- define "leasehold.componentName" -}}
+{{- printf "%s-%s" (include "leasehold.fullname" .ctx) .component | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "leasehold.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "leasehold.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: leasehold
+{{- if .component }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+{{- end -}}
+
+{{- define "leasehold.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "leasehold.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* leasehold.image: dict ctx, service. */}}
+{{- define "leasehold.image" -}}
+{{- $img := .ctx.Values.image -}}
+{{- $repo := printf "%s%s" $img.repositoryPrefix .service -}}
+{{- if $img.registry }}{{ $repo = printf "%s/%s" (trimSuffix "/" $img.registry) $repo }}{{ end -}}
+{{- printf "%s:%s" $repo (default .ctx.Chart.AppVersion $img.tag) -}}
+{{- end -}}
+
+{{/* Durations ------------------------------------------------------------ */}}
+
+{{/* leasehold.ms: a one-unit Go duration ("15s", "500ms", "10m", "2h") in
+     milliseconds; anything else fails the render naming the value. */}}
+{{- define "leasehold.ms" -}}
+{{- $d := toString . -}}
+{{- if regexMatch "^[0-9]+ms$" $d -}}{{ trimSuffix "ms" $d | int64 }}
+{{- else if regexMatch "^[0-9]+s$" $d -}}{{ mul (trimSuffix "s" $d | int64) 1000 }}
+{{- else if regexMatch "^[0-9]+m$" $d -}}{{ mul (trimSuffix "m" $d | int64) 60000 }}
+{{- else if regexMatch "^[0-9]+h$" $d -}}{{ mul (trimSuffix "h" $d | int64) 3600000 }}
+{{- else -}}{{ fail (printf "duration %q: use one unit, e.g. 15s, 500ms, 10m, 168h" $d) }}
+{{- end -}}
+{{- end -}}
+
+{{/* Database and secrets ------------------------------------------------- */}}
+
+{{- define "leasehold.databaseSecret" -}}
+{{- if .Values.database.existingSecret -}}
+{{- .Values.database.existingSecret -}}
+{{- else -}}
+{{- printf "%s-database" (include "leasehold.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* leasehold.env: the environment every long-running process gets. */}}
+{{- define "leasehold.env" -}}
+- name: LEASEHOLD_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "leasehold.databaseSecret" . }}
+      key: {{ .Values.database.urlKey }}
+- name: LEASEHOLD_LISTEN_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "leasehold.databaseSecret" . }}
+      key: {{ .Values.database.directUrlKey }}
+      optional: true
+{{- if .Values.healthToken.existingSecret }}
+- name: LEASEHOLD_HEALTH_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.healthToken.existingSecret }}
+      key: {{ .Values.healthToken.key }}
+{{- end }}
+{{- end -}}
+
+{{/* leasehold.commonArgs: dict ctx, values (the component's), maxConns. */}}
+{{- define "leasehold.commonArgs" -}}
+- --http-addr=0.0.0.0:9100
+- --log-level={{ .ctx.Values.log.level }}
+- --log-format={{ .ctx.Values.log.format }}
+- --db-max-conns={{ default .ctx.Values.database.maxConns .maxConns }}
+- --shutdown-timeout={{ .values.shutdownTimeout }}
+{{- if .ctx.Values.database.pooler }}
+- --pooler
+{{- end }}
+{{- end -}}
+
+{{- define "leasehold.coordArgs" -}}
+{{- $c := .Values.coord -}}
+- --coord.lease-ttl={{ $c.leaseTTL }}
+- --coord.renew-interval={{ $c.renewInterval }}
+- --coord.live-window={{ $c.liveWindow }}
+- --coord.forget-after={{ $c.forgetAfter }}
+- --coord.claim-ttl={{ $c.claimTTL }}
+- --coord.claim-batch={{ $c.claimBatch }}
+- --coord.poll-interval={{ $c.pollInterval }}
+- --coord.self-release-after={{ $c.selfReleaseAfter }}
+- --coord.statement-timeout={{ $c.statementTimeout }}
+{{- end -}}
+
+{{/* leasehold.doctorArgs: the thresholds doctor check and serve share. */}}
+{{- define "leasehold.doctorArgs" -}}
+{{- $v := .Values -}}
+- --lease-ttl={{ $v.coord.leaseTTL }}
+- --live-window={{ $v.coord.liveWindow }}
+- --queue-overdue={{ $v.doctor.queueOverdue }}
+- --max-streams={{ $v.gateway.maxStreams }}
+- --expect-pool-size={{ $v.database.maxConns }}
+{{- if $v.worker.enabled }}
+- --expect-workers={{ $v.worker.replicas }}
+{{- end }}
+{{- if $v.scheduler.enabled }}
+- --expect-schedulers={{ $v.scheduler.replicas }}
+{{- end }}
+{{- if $v.gateway.enabled }}
+- --expect-gateways={{ $v.gateway.replicas }}
+{{- end }}
+{{- if $v.api.enabled }}
+- --expect-api={{ $v.api.replicas }}
+{{- end }}
+{{- if $v.doctor.regions }}
+- --regions={{ $v.doctor.regions }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod pieces ----------------------------------------------------------- */}}
+
+{{- define "leasehold.probes" -}}
+{{- $p := .Values.probes -}}
+livenessProbe:
+  httpGet:
+    path: /livez
+    port: health
+  initialDelaySeconds: {{ $p.liveness.initialDelaySeconds }}
+  periodSeconds: {{ $p.liveness.periodSeconds }}
+  timeoutSeconds: {{ $p.liveness.timeoutSeconds }}
+  failureThreshold: {{ $p.liveness.failureThreshold }}
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: health
+  initialDelaySeconds: {{ $p.readiness.initialDelaySeconds }}
+  periodSeconds: {{ $p.readiness.periodSeconds }}
+  timeoutSeconds: {{ $p.readiness.timeoutSeconds }}
+  failureThreshold: {{ $p.readiness.failureThreshold }}
+{{- end -}}
+
+{{/* leasehold.topologySpread: dict ctx, component. */}}
+{{- define "leasehold.topologySpread" -}}
+{{- $ctx := .ctx -}}
+{{- $component := .component -}}
+{{- range .ctx.Values.topologySpread }}
+- maxSkew: {{ .maxSkew }}
+  topologyKey: {{ .topologyKey }}
+  whenUnsatisfiable: {{ .whenUnsatisfiable }}
+  labelSelector:
+    matchLabels:
+      {{- include "leasehold.selectorLabels" (dict "ctx" $ctx "component" $component) | nindent 6 }}
+{{- end }}
+{{- end -}}
+
+{{/* leasehold.deployment: the Deployment of one long-running component.
+     dict ctx, component, service (binary name), values, args, ports,
+     volumes, volumeMounts, env. */}}
+{{- define "leasehold.deployment" -}}
+{{- $ctx := .ctx -}}
+{{- $v := .values -}}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ include "leasehold.componentName" . }}
+  namespace: {{ $ctx.Release.Namespace }}
+  labels:
+    {{- include "leasehold.labels" . | nindent 4 }}
+spec:
+  replicas: {{ $v.replicas }}
+  revisionHistoryLimit: 5
+  strategy:
+    type: RollingUpdate
+    rollingUpdate:
+      maxSurge: 1
+      maxUnavailable: 0
+  selector:
+    matchLabels:
+      {{- include "leasehold.selectorLabels" . | nindent 6 }}
+  template:
+    metadata:
+      labels:
+        {{- include "leasehold.labels" . | nindent 8 }}
+      {{- with $v.podAnnotations }}
+      annotations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+    spec:
+      {{- with $ctx.Values.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      automountServiceAccountToken: false
+      enableServiceLinks: false
+      terminationGracePeriodSeconds: {{ $v.terminationGracePeriodSeconds }}
+      securityContext:
+        {{- toYaml $ctx.Values.podSecurityContext | nindent 8 }}
+      topologySpreadConstraints:
+        {{- include "leasehold.topologySpread" . | trim | nindent 8 }}
+      {{- with $v.nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.affinity }}
+      affinity:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      containers:
+        - name: {{ .service }}
+          image: {{ include "leasehold.image" (dict "ctx" $ctx "service" .service) }}
+          imagePullPolicy: {{ $ctx.Values.image.pullPolicy }}
+          args:
+            {{- .args | nindent 12 }}
+            {{- with $v.extraArgs }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
+          env:
+            {{- include "leasehold.env" $ctx | nindent 12 }}
+            {{- with .env }}
+            {{- . | nindent 12 }}
+            {{- end }}
+            {{- with $v.extraEnv }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
+          ports:
+            - name: health
+              containerPort: 9100
+              protocol: TCP
+            {{- with .ports }}
+            {{- . | nindent 12 }}
+            {{- end }}
+          {{- include "leasehold.probes" $ctx | nindent 10 }}
+          {{- if gt (int $v.preStopSleepSeconds) 0 }}
+          lifecycle:
+            preStop:
+              sleep:
+                seconds: {{ $v.preStopSleepSeconds }}
+          {{- end }}
+          resources:
+            {{- toYaml $v.resources | nindent 12 }}
+          securityContext:
+            {{- toYaml $ctx.Values.securityContext | nindent 12 }}
+          {{- with .volumeMounts }}
+          volumeMounts:
+            {{- . | nindent 12 }}
+          {{- end }}
+      {{- with .volumes }}
+      volumes:
+        {{- . | nindent 8 }}
+      {{- end }}
+{{- end -}}
+
+{{/* leasehold.metricsService: a headless Service per component that the
+     ServiceMonitor scrapes (every pod's :9100/metrics). */}}
+{{- define "leasehold.metricsService" -}}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ include "leasehold.componentName" . }}-metrics
+  namespace: {{ .ctx.Release.Namespace }}
+  labels:
+    {{- include "leasehold.labels" . | nindent 4 }}
+    leasehold.io/metrics: "true"
+spec:
+  clusterIP: None
+  selector:
+    {{- include "leasehold.selectorLabels" . | nindent 4 }}
+  ports:
+    - name: metrics
+      port: 9100
+      targetPort: health
+      protocol: TCP
+{{- end -}}
+
+{{/* leasehold.pdb: dict ctx, component, values. */}}
+{{- define "leasehold.pdb" -}}
+{{- $pdb := .values.podDisruptionBudget -}}
+{{- if $pdb.enabled }}
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ include "leasehold.componentName" . }}
+  namespace: {{ .ctx.Release.Namespace }}
+  labels:
+    {{- include "leasehold.labels" . | nindent 4 }}
+spec:
+  {{- if hasKey $pdb "minAvailable" }}
+  minAvailable: {{ $pdb.minAvailable }}
+  {{- else }}
+  maxUnavailable: {{ $pdb.maxUnavailable }}
+  {{- end }}
+  unhealthyPodEvictionPolicy: AlwaysAllow
+  selector:
+    matchLabels:
+      {{- include "leasehold.selectorLabels" . | nindent 6 }}
+{{- end }}
+{{- end -}}
