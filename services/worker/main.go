@@ -1,5 +1,6 @@
 // Command leasehold-worker runs the controllers group: the node reconciler
-// (sharded by node id), the node scan, the command sweeper, the janitor, the
+// (sharded by node id), the node scan, the site boot reconciler (sharded by
+// site id) and its scan, the command sweeper, the janitor, the
 // metrics:command-latency collector and one webhook sink per configured sink.
 //
 // Flags fall back to LEASEHOLD_* environment variables (see
@@ -20,12 +21,14 @@ import (
 	"github.com/leasehold/leasehold/services/worker/internal/janitor"
 	"github.com/leasehold/leasehold/services/worker/internal/nodestate"
 	"github.com/leasehold/leasehold/services/worker/internal/sinks"
+	"github.com/leasehold/leasehold/services/worker/internal/siteboot"
 	"github.com/leasehold/leasehold/services/worker/internal/sweeper"
 )
 
 type config struct {
 	runtime      reconcile.Config
 	nodes        nodestate.Config
+	sites        siteboot.Config
 	sweeper      sweeper.Config
 	janitor      janitor.Config
 	collectEvery time.Duration
@@ -33,7 +36,7 @@ type config struct {
 }
 
 func main() {
-	cfg := config{runtime: reconcile.DefaultConfig(), nodes: nodestate.DefaultConfig(),
+	cfg := config{runtime: reconcile.DefaultConfig(), nodes: nodestate.DefaultConfig(), sites: siteboot.DefaultConfig(),
 		sweeper: sweeper.DefaultConfig(), janitor: janitor.DefaultConfig(),
 		collectEvery: 10 * time.Second, sinksRefresh: 10 * time.Second}
 	process.Main(process.Spec{
@@ -42,13 +45,14 @@ func main() {
 		Flags: func(fs *flag.FlagSet) {
 			cfg.runtime.RegisterFlags("coord.", fs)
 			cfg.nodes.RegisterFlags("nodes.", fs)
+			cfg.sites.RegisterFlags("sites.", fs)
 			cfg.sweeper.RegisterFlags("sweeper.", fs)
 			cfg.janitor.RegisterFlags("janitor.", fs)
 			fs.DurationVar(&cfg.collectEvery, "collector.interval", cfg.collectEvery, "fleet gauge refresh period of the metrics:command-latency holder")
 			fs.DurationVar(&cfg.sinksRefresh, "sinks.refresh", cfg.sinksRefresh, "how often the sinks table is re-read")
 		},
 		Validate: func() error {
-			return errors.Join(cfg.runtime.Validate(), cfg.nodes.Validate(), cfg.sweeper.Validate(), cfg.janitor.Validate())
+			return errors.Join(cfg.runtime.Validate(), cfg.nodes.Validate(), cfg.sites.Validate(), cfg.sweeper.Validate(), cfg.janitor.Validate())
 		},
 		Build: func(ctx context.Context, p *process.Process) ([]services.Service, error) {
 			rt, err := reconcile.New(cfg.runtime, p.DB, reconcile.Options{
@@ -59,6 +63,7 @@ func main() {
 			}
 			err = errors.Join(
 				nodestate.Register(rt, cfg.nodes),
+				siteboot.Register(rt, cfg.sites, p.Registry),
 				sweeper.Register(rt, cfg.sweeper, p.Registry),
 				janitor.Register(rt, cfg.janitor, p.Registry),
 				collector.New(p.Registry, cfg.collectEvery).Register(rt),

@@ -42,6 +42,10 @@ type Config struct {
 	DispatchPoll time.Duration
 	// DispatchBatch bounds the commands one dispatch transaction takes.
 	DispatchBatch int
+	// SpecPoll is how often the specs of held sessions are compared with
+	// the database when no NOTIFY arrives; a newer spec is pushed as
+	// NodeSpecUpdate.
+	SpecPoll time.Duration
 
 	// DrainMaxDelay bounds the random Drain delay sent on SIGTERM; the
 	// gateway waits at most DrainMaxDelay plus DrainGrace for streams to go.
@@ -66,6 +70,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxMessageBytes, "gateway.max-message-bytes", 1<<20, "largest message accepted from a node")
 	fs.DurationVar(&c.DispatchPoll, "gateway.dispatch-poll", time.Second, "dispatch poll interval (NOTIFY wakes it earlier)")
 	fs.IntVar(&c.DispatchBatch, "gateway.dispatch-batch", 500, "commands taken per dispatch transaction")
+	fs.DurationVar(&c.SpecPoll, "gateway.spec-poll", 2*time.Second, "node spec poll interval (NOTIFY pushes a changed spec earlier)")
 	fs.DurationVar(&c.DrainMaxDelay, "gateway.drain-max-delay", 60*time.Second, "upper bound of the random Drain delay sent on SIGTERM")
 	fs.DurationVar(&c.DrainGrace, "gateway.drain-grace", 5*time.Second, "extra wait after the drain delay before closing the remaining streams")
 }
@@ -93,9 +98,10 @@ func (c *Config) Validate() error {
 		"--gateway.lease-ttl": c.LeaseTTL, "--gateway.lease-renew": c.LeaseRenew,
 		"--gateway.session-lease": c.SessionLease, "--gateway.liveness-interval": c.LivenessInterval,
 		"--gateway.heartbeat-interval": c.HeartbeatInterval, "--gateway.dispatch-poll": c.DispatchPoll,
+		"--gateway.spec-poll": c.SpecPoll,
 	}
 	for _, name := range []string{"--gateway.lease-ttl", "--gateway.lease-renew", "--gateway.session-lease",
-		"--gateway.liveness-interval", "--gateway.heartbeat-interval", "--gateway.dispatch-poll"} {
+		"--gateway.liveness-interval", "--gateway.heartbeat-interval", "--gateway.dispatch-poll", "--gateway.spec-poll"} {
 		if positive[name] <= 0 {
 			errs = append(errs, fmt.Errorf("%s %s must be positive", name, positive[name]))
 		}

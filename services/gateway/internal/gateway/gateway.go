@@ -96,6 +96,10 @@ type Gateway struct {
 	notifiedMu sync.Mutex
 	notified   map[string]struct{}
 
+	specWake    chan struct{}
+	specMu      sync.Mutex
+	specPending map[string]struct{}
+
 	fenceOnce   sync.Once
 	fencedCh    chan struct{}
 	fenceReason string
@@ -136,6 +140,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		wake:     make(chan struct{}, 1),
 		notified: map[string]struct{}{},
 		fencedCh: make(chan struct{}),
+		specWake: make(chan struct{}, 1), specPending: map[string]struct{}{},
 	}
 	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusNotServing)
 	g.checker.SetStatus("", grpchealth.StatusNotServing)
@@ -302,7 +307,7 @@ func (g *Gateway) running(ctx context.Context) error {
 
 	loopCtx, cancelLoops := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	for _, loop := range []func(context.Context){g.renewLoop, g.livenessLoop, g.dispatchLoop, g.notifyLoop} {
+	for _, loop := range []func(context.Context){g.renewLoop, g.livenessLoop, g.dispatchLoop, g.notifyLoop, g.specLoop} {
 		wg.Add(1)
 		go func() { defer wg.Done(); loop(loopCtx) }()
 	}

@@ -12,6 +12,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -205,6 +206,7 @@ func (g *Gateway) hello(ctx context.Context, stream *connect.BidiStream[nodev1.C
 	var (
 		epoch   int64
 		specRaw []byte
+		specVer int64
 		replays []replay
 		revoked bool
 	)
@@ -213,7 +215,7 @@ func (g *Gateway) hello(ctx context.Context, stream *connect.BidiStream[nodev1.C
 		if err := tx.QueryRow(ctx, helloSessionSQL, h.GetNodeId(), g.id, g.cfg.SessionLease.Seconds()).Scan(&epoch); err != nil {
 			return fmt.Errorf("route node: %w", err)
 		}
-		err := tx.QueryRow(ctx, helloNodeSQL, h.GetNodeId(), epoch, h.GetDaemonVersion(), labels).Scan(&specRaw)
+		err := tx.QueryRow(ctx, helloNodeSQL, h.GetNodeId(), epoch, h.GetDaemonVersion(), string(labels)).Scan(&specRaw, &specVer)
 		if errors.Is(err, pgx.ErrNoRows) {
 			revoked = true
 			return err
@@ -273,6 +275,7 @@ func (g *Gateway) hello(ctx context.Context, stream *connect.BidiStream[nodev1.C
 		}
 	}}
 	s.touch(g.clock.Now())
+	s.specVersion.Store(specVer)
 	welcome := &nodev1.Welcome{
 		SessionEpoch: epoch, Spec: spec, GatewayId: g.id,
 		HeartbeatInterval: durationpb.New(g.cfg.HeartbeatInterval),
@@ -306,6 +309,7 @@ func (g *Gateway) serveSession(ctx context.Context, stream *connect.BidiStream[n
 		s.close(connect.NewError(connect.CodeUnavailable, fmt.Errorf("gateway %s fenced itself", g.id)))
 	}
 	g.wakeDispatch(s.nodeID)
+	g.wakeSpec(s.nodeID) // a spec changed between the Hello and registration
 	g.log.Debug("session opened", "node", s.nodeID, "epoch", s.epoch, "replayed", len(replays))
 
 	var streamErr *connect.Error
@@ -499,9 +503,36 @@ func (g *Gateway) handleEvent(ctx context.Context, s *session, e *nodev1.Event) 
 		t := e.GetOccurredAt().AsTime()
 		occurred = &t
 	}
-	tag, err := g.db.Exec(ctx, insertEventSQL, s.nodeID, e.GetEventId(), e.GetKind(), payload, occurred, g.id, s.epoch, int64(e.GetBootEpoch()))
+	var (
+		tag     pgconn.CommandTag
+		refused bool
+	)
+	err := pgdb.InTx(ctx, g.db, func(tx pgx.Tx) error {
+		if e.GetKind() == DiscoveryEventKind {
+			// A discovery is vouched for by the agent's boot epoch: store it
+			// only while the agent holds site:<id>:boot at that epoch.
+			var epoch int64
+			err := tx.QueryRow(ctx, discoveryVouchSQL, s.nodeID, int64(e.GetBootEpoch())).Scan(&epoch)
+			if errors.Is(err, pgx.ErrNoRows) {
+				refused = true
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+		}
+		var err error
+		tag, err = tx.Exec(ctx, insertEventSQL, s.nodeID, e.GetEventId(), e.GetKind(), string(payload), occurred, g.id, s.epoch, int64(e.GetBootEpoch()))
+		return err
+	})
 	if err != nil {
 		return dbError("event", err)
+	}
+	if refused {
+		g.m.events.WithLabelValues("refused").Inc()
+		g.log.Info("discovery report refused: its boot epoch is not the agent's current boot lease epoch",
+			"node", s.nodeID, "event", e.GetEventId(), "boot_epoch", e.GetBootEpoch())
+		return nil
 	}
 	if tag.RowsAffected() == 0 {
 		g.m.events.WithLabelValues("duplicate").Inc()

@@ -8,6 +8,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
@@ -249,10 +250,13 @@ func (g *Gateway) listen(ctx context.Context) error {
 		defer cancel()
 		_ = conn.Close(closeCtx)
 	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+commandsChannel); err != nil {
-		return fmt.Errorf("LISTEN %s: %w", commandsChannel, err)
+	for _, ch := range []string{commandsChannel, specChannel} {
+		if _, err := conn.Exec(ctx, "LISTEN "+ch); err != nil {
+			return fmt.Errorf("LISTEN %s: %w", ch, err)
+		}
 	}
 	g.wakeDispatch("") // catch up on whatever arrived while not listening
+	g.wakeSpec("")
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
@@ -264,8 +268,113 @@ func (g *Gateway) listen(ctx context.Context) error {
 		g.mu.Lock()
 		_, mine := g.sessions[n.Payload]
 		g.mu.Unlock()
-		if mine {
+		if !mine {
+			continue
+		}
+		if n.Channel == specChannel {
+			g.wakeSpec(n.Payload)
+		} else {
 			g.wakeDispatch(n.Payload)
 		}
 	}
+}
+
+// wakeSpec asks the spec loop to compare nodeID's spec ("" compares every
+// session's).
+func (g *Gateway) wakeSpec(nodeID string) {
+	g.specMu.Lock()
+	g.specPending[nodeID] = struct{}{}
+	g.specMu.Unlock()
+	select {
+	case g.specWake <- struct{}{}:
+	default:
+	}
+}
+
+// specLoop pushes NodeSpecUpdate to a session whenever its node's spec is
+// newer than the one the node last received: at once when NOTIFY names the
+// node, and for every session at each SpecPoll. A push carries the whole
+// spec; only the newest version is sent, never an older one.
+func (g *Gateway) specLoop(ctx context.Context) {
+	t := g.clock.NewTicker(g.cfg.SpecPoll)
+	defer t.Stop()
+	for {
+		all := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.Chan():
+			all = true
+		case <-g.specWake:
+		}
+		if g.Fenced() {
+			return
+		}
+		g.specMu.Lock()
+		nodes := g.specPending
+		g.specPending = map[string]struct{}{}
+		g.specMu.Unlock()
+		if _, ok := nodes[""]; ok {
+			all = true
+		}
+		if err := g.pushSpecs(ctx, all, nodes); err != nil && !g.Fenced() && ctx.Err() == nil {
+			g.log.Warn("node spec push failed", "err", err)
+		}
+	}
+}
+
+func (g *Gateway) pushSpecs(ctx context.Context, all bool, nodes map[string]struct{}) error {
+	var (
+		ids      []string
+		versions []int64
+	)
+	g.mu.Lock()
+	for id, s := range g.sessions {
+		if _, ok := nodes[id]; ok || all {
+			ids = append(ids, id)
+			versions = append(versions, s.specVersion.Load())
+		}
+	}
+	g.mu.Unlock()
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := g.db.Query(ctx, newerSpecsSQL, ids, versions)
+	if err != nil {
+		return fmt.Errorf("read node specs: %w", err)
+	}
+	type newer struct {
+		id      string
+		version int64
+		raw     []byte
+	}
+	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (newer, error) {
+		var n newer
+		return n, r.Scan(&n.id, &n.version, &n.raw)
+	})
+	if err != nil {
+		return fmt.Errorf("read node specs: %w", err)
+	}
+	for _, n := range found {
+		g.mu.Lock()
+		s := g.sessions[n.id]
+		g.mu.Unlock()
+		if s == nil {
+			continue
+		}
+		// Only ever move a session's version forward.
+		cur := s.specVersion.Load()
+		if n.version <= cur || !s.specVersion.CompareAndSwap(cur, n.version) {
+			continue
+		}
+		spec := &nodev1.NodeSpec{}
+		if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(n.raw, spec); err != nil {
+			g.log.Warn("node spec is not a NodeSpec; not pushed", "node", n.id, "err", err)
+			continue
+		}
+		if s.enqueue(&nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_NodeSpecUpdate{NodeSpecUpdate: &nodev1.NodeSpecUpdate{Spec: spec}}}) {
+			g.m.specPushes.Inc()
+		}
+	}
+	return nil
 }

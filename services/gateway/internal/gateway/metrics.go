@@ -20,6 +20,7 @@ type metrics struct {
 	renewLatency    prometheus.Histogram
 	results         *prometheus.CounterVec
 	events          *prometheus.CounterVec
+	specPushes      prometheus.Counter
 	role            *health.RoleGauge
 }
 
@@ -64,11 +65,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "leasehold_gateway_command_results_total", Help: "Command results received, by outcome (stored, duplicate, unknown).",
 		}, []string{"outcome"}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "leasehold_gateway_node_events_total", Help: "Node events received, by outcome (stored, duplicate).",
+			Name: "leasehold_gateway_node_events_total", Help: "Node events received, by outcome (stored, duplicate, refused).",
 		}, []string{"outcome"}),
+		specPushes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leasehold_gateway_spec_updates_total", Help: "NodeSpecUpdate messages pushed to nodes.",
+		}),
 	}
 	reg.MustRegister(m.streams, m.sessions, m.hellos, m.pushbacks, m.dispatched, m.replayed, m.dispatchLatency,
-		m.fenceFailures, m.selfFences, m.zombies, m.renewLatency, m.results, m.events)
+		m.fenceFailures, m.selfFences, m.zombies, m.renewLatency, m.results, m.events, m.specPushes)
 	m.role = health.NewRoleGauge(reg, "gateway")
 	return m
 }

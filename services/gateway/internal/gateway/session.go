@@ -28,6 +28,9 @@ type session struct {
 	breakRecv func()
 
 	lastRecv atomic.Int64 // unix nanos of the last message from the node
+	// specVersion is the nodes.spec_version the node last received (in
+	// Welcome or a NodeSpecUpdate).
+	specVersion atomic.Int64
 
 	mu       sync.Mutex
 	queue    []*nodev1.ConnectResponse

@@ -22,7 +22,27 @@ RETURNING session_epoch`
 const helloNodeSQL = `
 UPDATE nodes SET state = 'connected', state_epoch = $2, daemon_version = $3, labels = $4, updated_at = compute_now()
  WHERE id = $1 AND state <> 'revoked'
-RETURNING spec`
+RETURNING spec, spec_version`
+
+// newerSpecsSQL returns the specs of the given sessions' nodes that are
+// newer than the version each node last received.
+const newerSpecsSQL = `
+SELECT n.id, n.spec_version, n.spec
+  FROM unnest($1::text[], $2::bigint[]) AS m(node_id, version)
+  JOIN nodes n ON n.id = m.node_id
+ WHERE n.spec_version > m.version`
+
+// discoveryVouchSQL checks, for a site agent's discovery report, that the
+// agent holds its site's boot lease at the report's epoch. FOR SHARE makes a
+// takeover of the lease wait until the report is stored, so a report is
+// stored only while its epoch is current.
+const discoveryVouchSQL = `
+SELECT l.epoch
+  FROM nodes n
+  JOIN leases l ON l.name = 'site:' || n.site_id || ':boot'
+ WHERE n.id = $1 AND n.kind = 'site_agent'
+   AND l.owner = $1 AND l.epoch = $2 AND l.expires_at > compute_now()
+   FOR SHARE OF l`
 
 // helloReplaySQL takes the node's in-flight commands for replay: dispatched
 // or acknowledged without a result, plus pending ones the daemon names as
@@ -111,3 +131,10 @@ ON CONFLICT (node_id, id) DO NOTHING`
 
 // commandsChannel is the NOTIFY channel of command inserts (migration 00008).
 const commandsChannel = "leasehold_commands"
+
+// specChannel is the NOTIFY channel of node spec changes (migration 00013).
+const specChannel = "leasehold_node_spec"
+
+// DiscoveryEventKind is the event kind of a site agent's discovery report;
+// it is stored only when its boot_epoch is the agent's current boot epoch.
+const DiscoveryEventKind = "discovery"

@@ -1,0 +1,144 @@
+package agent
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/leasehold/leasehold/pkg/nodeauth"
+	"github.com/leasehold/leasehold/services/site-agent/internal/imagecache"
+	"github.com/leasehold/leasehold/services/site-agent/internal/pxe"
+	"github.com/leasehold/leasehold/services/site-agent/internal/redfish"
+)
+
+// Config is the site agent's configuration (DESIGN.md sections 9 and 10).
+type Config struct {
+	// GatewayURL is the gateway balancer's base URL (http:// for h2c).
+	GatewayURL string
+	// NodeID, Credential (or CredentialFile) and SiteID identify the agent.
+	NodeID, Credential, CredentialFile, SiteID string
+	// BackoffMax bounds redial back-off (60 s).
+	BackoffMax time.Duration
+
+	// SelfFence is how long a boot grant is trusted (10 s); LeaseTTL and
+	// PromoteAfter are the control plane's boot lease TTL and promotion
+	// delay this agent expects (15 s, 15 s). self-fence < TTL <= promotion
+	// is checked at start and again for every grant.
+	SelfFence, LeaseTTL, PromoteAfter time.Duration
+
+	// DHCP is the proxy DHCP responder; its ScriptBaseURL defaults to
+	// BootBaseURL.
+	DHCP pxe.Config
+	// BootListenAddr serves iPXE scripts and images; BootBaseURL is how
+	// machines reach it (default http://<dhcp.server-ip>:<port>).
+	BootListenAddr, BootBaseURL string
+	// HostsFile maps MACs to boot profiles.
+	HostsFile string
+
+	// Cache is the image cache.
+	Cache imagecache.Config
+	// BMC is the Redfish client.
+	BMC redfish.Config
+}
+
+// RegisterFlags registers the flags on fs with their defaults.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.GatewayURL, "gateway-url", "http://127.0.0.1:9443", "gateway (balancer) base URL: http:// for h2c, https:// for TLS")
+	fs.StringVar(&c.NodeID, "node-id", "", "this agent's node id (registered with kind site_agent)")
+	fs.StringVar(&c.Credential, "node-credential", "", "node credential (prefer LEASEHOLD_NODE_CREDENTIAL or --node-credential-file)")
+	fs.StringVar(&c.CredentialFile, "node-credential-file", "", "file holding the node credential")
+	fs.StringVar(&c.SiteID, "site-id", "", "the bare-metal site this agent serves")
+	fs.DurationVar(&c.BackoffMax, "redial-backoff-max", 60*time.Second, "upper bound of the redial back-off")
+	fs.DurationVar(&c.SelfFence, "boot.self-fence", 10*time.Second, "stop answering DHCP/iPXE this long after the last boot grant; must be < --boot.lease-ttl")
+	fs.DurationVar(&c.LeaseTTL, "boot.lease-ttl", 15*time.Second, "the site:<id>:boot lease TTL the control plane uses (worker --sites.boot-lease-ttl)")
+	fs.DurationVar(&c.PromoteAfter, "boot.promote-after", 15*time.Second, "the promotion delay the control plane uses (worker --sites.promote-after); must be >= --boot.lease-ttl")
+	fs.StringVar(&c.DHCP.ListenAddr, "dhcp.listen-addr", "0.0.0.0:67", "UDP address of the proxy DHCP responder")
+	fs.StringVar(&c.DHCP.Interface, "dhcp.interface", "", "bind the DHCP socket to this interface")
+	fs.Func("dhcp.server-ip", "this agent's IPv4 address on the provisioning network (server identifier, next-server)", func(s string) error {
+		ip := net.ParseIP(s)
+		if ip == nil || ip.To4() == nil {
+			return fmt.Errorf("%q is not an IPv4 address", s)
+		}
+		c.DHCP.ServerIP = ip.To4()
+		return nil
+	})
+	fs.StringVar(&c.DHCP.TFTPServer, "dhcp.tftp-server", "", "TFTP server for firmware PXE boot files (default: --dhcp.server-ip)")
+	fs.StringVar(&c.DHCP.BootFileBIOS, "dhcp.boot-file-bios", "undionly.kpxe", "iPXE binary for BIOS PXE clients")
+	fs.StringVar(&c.DHCP.BootFileEFI, "dhcp.boot-file-efi", "ipxe.efi", "iPXE binary for UEFI PXE clients")
+	fs.StringVar(&c.BootListenAddr, "boot.listen-addr", "0.0.0.0:8080", "address serving iPXE scripts (/boot/<mac>.ipxe) and images (/images/sha256/<digest>)")
+	fs.StringVar(&c.BootBaseURL, "boot.base-url", "", "URL machines use to reach --boot.listen-addr (default http://<dhcp.server-ip>:<port>)")
+	fs.StringVar(&c.HostsFile, "boot.hosts-file", "", `JSON {"default":{profile},"hosts":{"<mac>":{"kernel":"<sha256>","initrd":"<sha256>","cmdline":"…"}}}`)
+	fs.StringVar(&c.Cache.Dir, "cache.dir", "/var/lib/leasehold/images", "image cache directory")
+	fs.StringVar(&c.Cache.Origin, "cache.origin", "", "origin base URL; an image is fetched from <origin>/<sha256>")
+	fs.Int64Var(&c.Cache.MaxBytes, "cache.max-bytes", 8<<30, "largest image accepted")
+	fs.DurationVar(&c.Cache.FetchTimeout, "cache.fetch-timeout", 10*time.Minute, "bound of one image download")
+	fs.StringVar(&c.BMC.CredentialsFile, "bmc.credentials-file", "", `JSON {"<ref>":{"username":…,"password":…}} of BMC accounts named by command payloads`)
+	fs.BoolVar(&c.BMC.InsecureSkipVerify, "bmc.insecure-skip-verify", false, "accept BMC TLS certificates without verification")
+	fs.DurationVar(&c.BMC.Timeout, "bmc.timeout", 30*time.Second, "bound of one Redfish call")
+}
+
+// Resolve fills derived values (credential from file, base URLs) and
+// validates; call it once after parsing.
+func (c *Config) Resolve() error {
+	if c.Credential == "" && c.CredentialFile != "" {
+		b, err := os.ReadFile(c.CredentialFile)
+		if err != nil {
+			return fmt.Errorf("read --node-credential-file: %w", err)
+		}
+		c.Credential = strings.TrimSpace(string(b))
+	}
+	if c.BootBaseURL == "" && c.DHCP.ServerIP != nil {
+		_, port, err := net.SplitHostPort(c.BootListenAddr)
+		if err == nil {
+			c.BootBaseURL = "http://" + net.JoinHostPort(c.DHCP.ServerIP.String(), port)
+		}
+	}
+	c.DHCP.ScriptBaseURL = c.BootBaseURL
+	return c.Validate()
+}
+
+// Validate refuses bad values and broken orderings, naming both values.
+func (c *Config) Validate() error {
+	var errs []error
+	if !strings.HasPrefix(c.GatewayURL, "http://") && !strings.HasPrefix(c.GatewayURL, "https://") {
+		errs = append(errs, fmt.Errorf("--gateway-url %q must start with http:// or https://", c.GatewayURL))
+	}
+	if err := nodeauth.ValidateNodeID(c.NodeID); err != nil {
+		errs = append(errs, fmt.Errorf("--node-id: %w", err))
+	}
+	if c.Credential == "" {
+		errs = append(errs, errors.New("a node credential is required (LEASEHOLD_NODE_CREDENTIAL or --node-credential-file)"))
+	}
+	if c.SiteID == "" || len(c.SiteID) > 194 {
+		errs = append(errs, fmt.Errorf("--site-id %q must be 1..194 bytes", c.SiteID))
+	}
+	if c.BackoffMax < 100*time.Millisecond {
+		errs = append(errs, fmt.Errorf("--redial-backoff-max %s must be >= 100ms", c.BackoffMax))
+	}
+	if c.SelfFence <= 0 || c.SelfFence >= c.LeaseTTL {
+		errs = append(errs, fmt.Errorf("--boot.self-fence %s must be positive and less than --boot.lease-ttl %s (self-fence < TTL)", c.SelfFence, c.LeaseTTL))
+	}
+	if c.LeaseTTL > c.PromoteAfter {
+		errs = append(errs, fmt.Errorf("--boot.lease-ttl %s must be <= --boot.promote-after %s (TTL <= promotion)", c.LeaseTTL, c.PromoteAfter))
+	}
+	if err := c.DHCP.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, _, err := net.SplitHostPort(c.BootListenAddr); err != nil {
+		errs = append(errs, fmt.Errorf("--boot.listen-addr %q: %w", c.BootListenAddr, err))
+	}
+	if c.Cache.Dir == "" {
+		errs = append(errs, errors.New("--cache.dir is required"))
+	}
+	if c.Cache.Origin != "" && !strings.HasPrefix(c.Cache.Origin, "http://") && !strings.HasPrefix(c.Cache.Origin, "https://") {
+		errs = append(errs, fmt.Errorf("--cache.origin %q must be an http(s) URL", c.Cache.Origin))
+	}
+	if c.Cache.MaxBytes < 1 {
+		errs = append(errs, fmt.Errorf("--cache.max-bytes %d must be positive", c.Cache.MaxBytes))
+	}
+	return errors.Join(errs...)
+}

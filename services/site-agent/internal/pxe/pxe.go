@@ -1,0 +1,288 @@
+// Package pxe is the site agent's boot server: a proxy DHCP responder
+// (github.com/insomniacslk/dhcp) that answers PXE clients with a boot file,
+// and the per-MAC iPXE scripts that chain a kernel and an initrd from the
+// image cache.
+//
+// A proxy DHCP server hands out no addresses (the site's ordinary DHCP server
+// does that): it answers only DISCOVER and REQUEST packets whose vendor class
+// (option 60) starts with "PXEClient", with next-server, boot file (options
+// 66/67), vendor class "PXEClient" and PXE discovery control "use the boot
+// file". A firmware PXE ROM gets the iPXE binary for its architecture over
+// TFTP; iPXE itself (user class "iPXE") gets the HTTP URL of its script.
+//
+// The responder answers only while its Gate says so (the agent holds a live
+// boot grant); otherwise every packet is dropped. Anything malformed (not a
+// BOOTREQUEST, not Ethernet, a MAC that is not a 6-byte unicast address) is
+// dropped without a reply.
+package pxe
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+
+	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/insomniacslk/dhcp/dhcpv4/server4"
+	"github.com/insomniacslk/dhcp/iana"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config configures the responder.
+type Config struct {
+	// ListenAddr is the UDP address (0.0.0.0:67 on a site; loopback and a
+	// high port in tests).
+	ListenAddr string
+	// Interface, when set, binds the socket to that interface.
+	Interface string
+	// ServerIP is the agent's address on the provisioning network: server
+	// identifier (54) and next-server (siaddr).
+	ServerIP net.IP
+	// TFTPServer is option 66 (default: ServerIP).
+	TFTPServer string
+	// BootFileBIOS and BootFileEFI are the iPXE binaries for firmware PXE.
+	BootFileBIOS, BootFileEFI string
+	// ScriptBaseURL is the HTTP base (http://ip:port) of the iPXE scripts.
+	ScriptBaseURL string
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	var errs []error
+	if _, err := net.ResolveUDPAddr("udp4", c.ListenAddr); err != nil || c.ListenAddr == "" {
+		errs = append(errs, fmt.Errorf("--dhcp.listen-addr %q is not a UDP address", c.ListenAddr))
+	}
+	if c.ServerIP.To4() == nil || c.ServerIP.IsUnspecified() {
+		errs = append(errs, fmt.Errorf("--dhcp.server-ip %q must be the agent's IPv4 address on the provisioning network", c.ServerIP))
+	}
+	if c.BootFileBIOS == "" || c.BootFileEFI == "" || len(c.BootFileBIOS) > 127 || len(c.BootFileEFI) > 127 {
+		errs = append(errs, errors.New("--dhcp.boot-file-bios and --dhcp.boot-file-efi must be 1..127 bytes"))
+	}
+	if !strings.HasPrefix(c.ScriptBaseURL, "http://") && !strings.HasPrefix(c.ScriptBaseURL, "https://") {
+		errs = append(errs, fmt.Errorf("iPXE script base URL %q must be http(s)://", c.ScriptBaseURL))
+	}
+	return errors.Join(errs...)
+}
+
+// Gate says whether the agent may answer now, and at which boot epoch.
+type Gate func() (epoch uint64, ok bool)
+
+// Request is what a PXE client told us, for discovery.
+type Request struct {
+	MAC          net.HardwareAddr
+	Arch         string
+	UUID         []byte
+	VendorClass  string
+	IPXE         bool
+	MessageType  string
+	BootEpoch    uint64
+	RelayAgentIP net.IP
+}
+
+// Responder answers PXE clients.
+type Responder struct {
+	cfg    Config
+	gate   Gate
+	onBoot func(Request)
+	log    *slog.Logger
+	m      *metrics
+	conn   net.PacketConn
+	srv    *server4.Server
+}
+
+type metrics struct {
+	packets *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{packets: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "leasehold_site_dhcp_packets_total",
+		Help: "DHCP packets by outcome: answered, standby (not active: dropped), ignored (not PXE or not for us), malformed.",
+	}, []string{"outcome"})}
+	if reg != nil {
+		reg.MustRegister(m.packets)
+	}
+	return m
+}
+
+// New returns a responder; onBoot (optional) is called for every PXE
+// request answered.
+func New(cfg Config, gate Gate, onBoot func(Request), log *slog.Logger, reg prometheus.Registerer) *Responder {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.TFTPServer == "" && cfg.ServerIP != nil {
+		cfg.TFTPServer = cfg.ServerIP.String()
+	}
+	return &Responder{cfg: cfg, gate: gate, onBoot: onBoot, log: log, m: newMetrics(reg)}
+}
+
+// Listen opens the UDP socket; Serve then answers until Close.
+func (r *Responder) Listen() error {
+	addr, err := net.ResolveUDPAddr("udp4", r.cfg.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("--dhcp.listen-addr %s: %w", r.cfg.ListenAddr, err)
+	}
+	conn, err := server4.NewIPv4UDPConn(r.cfg.Interface, addr)
+	if err != nil {
+		return fmt.Errorf("listen for DHCP on %s: %w", r.cfg.ListenAddr, err)
+	}
+	srv, err := server4.NewServer(r.cfg.Interface, addr, r.handle, server4.WithConn(conn))
+	if err != nil {
+		_ = conn.Close()
+		return fmt.Errorf("dhcp server: %w", err)
+	}
+	r.conn, r.srv = conn, srv
+	return nil
+}
+
+// Addr is the bound UDP address once listening.
+func (r *Responder) Addr() *net.UDPAddr {
+	if r.conn == nil {
+		return nil
+	}
+	a, _ := r.conn.LocalAddr().(*net.UDPAddr)
+	return a
+}
+
+// Serve answers packets until Close; it returns the socket's error.
+func (r *Responder) Serve() error { return r.srv.Serve() }
+
+// Close stops serving.
+func (r *Responder) Close() error {
+	if r.srv == nil {
+		return nil
+	}
+	return r.srv.Close()
+}
+
+// handle is the server4 handler: one parsed packet.
+func (r *Responder) handle(conn net.PacketConn, peer net.Addr, req *dhcpv4.DHCPv4) {
+	reply, _ := r.Reply(req)
+	if reply == nil {
+		return
+	}
+	if _, err := conn.WriteTo(reply.ToBytes(), replyAddr(peer, req)); err != nil {
+		r.log.Warn("send proxy DHCP reply", "mac", req.ClientHWAddr.String(), "err", err)
+	}
+}
+
+// replyAddr is where a reply goes: the relay (giaddr, port 67) when
+// relayed, else the peer (server4 already turned 0.0.0.0 into broadcast).
+func replyAddr(peer net.Addr, req *dhcpv4.DHCPv4) net.Addr {
+	if gi := req.GatewayIPAddr; gi != nil && !gi.IsUnspecified() && gi.To4() != nil {
+		return &net.UDPAddr{IP: gi, Port: dhcpv4.ServerPort}
+	}
+	return peer
+}
+
+// HandlePacket parses raw bytes and returns the reply's bytes, or nil when
+// nothing is to be sent. It never panics on any input (fuzzed).
+func (r *Responder) HandlePacket(b []byte) []byte {
+	req, err := dhcpv4.FromBytes(b)
+	if err != nil {
+		r.m.packets.WithLabelValues("malformed").Inc()
+		return nil
+	}
+	reply, _ := r.Reply(req)
+	if reply == nil {
+		return nil
+	}
+	return reply.ToBytes()
+}
+
+// ValidMAC reports whether hw is a 6-byte unicast MAC that is not all zero.
+func ValidMAC(hw net.HardwareAddr) bool {
+	if len(hw) != 6 || hw[0]&1 == 1 {
+		return false
+	}
+	for _, b := range hw {
+		if b != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Reply decides the answer to req: nil when it must not be answered.
+func (r *Responder) Reply(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, *Request) {
+	if req == nil || req.OpCode != dhcpv4.OpcodeBootRequest || req.HWType != iana.HWTypeEthernet || !ValidMAC(req.ClientHWAddr) {
+		r.m.packets.WithLabelValues("malformed").Inc()
+		return nil, nil
+	}
+	var replyType dhcpv4.MessageType
+	switch req.MessageType() {
+	case dhcpv4.MessageTypeDiscover:
+		replyType = dhcpv4.MessageTypeOffer
+	case dhcpv4.MessageTypeRequest:
+		replyType = dhcpv4.MessageTypeAck
+	default:
+		r.m.packets.WithLabelValues("ignored").Inc()
+		return nil, nil
+	}
+	vendor := req.ClassIdentifier()
+	if !strings.HasPrefix(vendor, "PXEClient") {
+		r.m.packets.WithLabelValues("ignored").Inc()
+		return nil, nil
+	}
+	epoch, ok := r.gate()
+	if !ok {
+		r.m.packets.WithLabelValues("standby").Inc()
+		return nil, nil
+	}
+	info := &Request{MAC: append(net.HardwareAddr(nil), req.ClientHWAddr...), VendorClass: vendor,
+		MessageType: req.MessageType().String(), BootEpoch: epoch, UUID: req.GetOneOption(dhcpv4.OptionClientMachineIdentifier)}
+	if gi := req.GatewayIPAddr; gi != nil && !gi.IsUnspecified() {
+		info.RelayAgentIP = gi
+	}
+	efi := false
+	if archs := req.ClientArch(); len(archs) > 0 {
+		info.Arch = archs[0].String()
+		efi = archs[0] != iana.INTEL_X86PC
+	}
+	for _, uc := range req.UserClass() {
+		if uc == "iPXE" {
+			info.IPXE = true
+		}
+	}
+	bootFile := r.cfg.BootFileBIOS
+	switch {
+	case info.IPXE:
+		bootFile = ScriptURL(r.cfg.ScriptBaseURL, info.MAC)
+	case efi:
+		bootFile = r.cfg.BootFileEFI
+	}
+	mods := []dhcpv4.Modifier{
+		dhcpv4.WithMessageType(replyType),
+		dhcpv4.WithServerIP(r.cfg.ServerIP),
+		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(r.cfg.ServerIP)),
+		dhcpv4.WithOption(dhcpv4.OptClassIdentifier("PXEClient")),
+		dhcpv4.WithOption(dhcpv4.OptTFTPServerName(r.cfg.TFTPServer)),
+		dhcpv4.WithOption(dhcpv4.OptBootFileName(bootFile)),
+		// PXE vendor options: PXE_DISCOVERY_CONTROL (6) = 8: boot the
+		// file named here, no boot server discovery.
+		dhcpv4.WithOption(dhcpv4.OptGeneric(dhcpv4.OptionVendorSpecificInformation, []byte{6, 1, 8, 255})),
+	}
+	if len(info.UUID) > 0 {
+		mods = append(mods, dhcpv4.WithOption(dhcpv4.OptGeneric(dhcpv4.OptionClientMachineIdentifier, info.UUID)))
+	}
+	reply, err := dhcpv4.NewReplyFromRequest(req, mods...)
+	if err != nil {
+		r.m.packets.WithLabelValues("malformed").Inc()
+		return nil, nil
+	}
+	if len(bootFile) < 128 {
+		reply.BootFileName = bootFile
+	}
+	r.m.packets.WithLabelValues("answered").Inc()
+	if r.onBoot != nil {
+		r.onBoot(*info)
+	}
+	return reply, info
+}
+
+// ScriptURL is the iPXE script URL of mac under base.
+func ScriptURL(base string, mac net.HardwareAddr) string {
+	return strings.TrimRight(base, "/") + "/boot/" + strings.ReplaceAll(mac.String(), ":", "-") + ".ipxe"
+}

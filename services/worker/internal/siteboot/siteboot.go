@@ -1,0 +1,392 @@
+// Package siteboot holds each bare-metal site's boot lease, site:<id>:boot
+// (DESIGN.md section 9), on behalf of one connected site agent, and publishes
+// the grant into the agents' NodeSpecs.
+//
+// The lease's owner is the agent's node id: the agent is the holder, and the
+// worker that holds the site's shard renews the lease for it on every pass
+// of the "sites" reconciler, in the transaction fenced on that shard. States
+// of one site's lease, as a pass sees them:
+//
+//	live, holder connected ──────────▶ renew (epoch unchanged), publish a fresh grant to the holder
+//	live, holder not connected ──────▶ nothing: the lease runs out, the holder's last grant ages out
+//	expired, old holder connected ───▶ re-take for the same holder (epoch unchanged)
+//	expired < promote-after ago ─────▶ wait (fence before promote)
+//	expired >= promote-after ago ────▶ promote the first connected agent by node id (epoch + 1)
+//
+// The grant is NodeSpec.site_boot = {active, epoch, site_id} plus attributes
+// site.boot.granted_at (compute_now() of the renewal), site.boot.lease_ttl_ms
+// and site.boot.promote_after_ms. An agent answers only within its
+// self-fence window (10 s) of granted_at, strictly before the lease, renewed
+// at granted_at, can expire (15 s), and a standby is promoted only after
+// that expiry: self-fence < TTL <= promote-after.
+package siteboot
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/leasehold/leasehold/pkg/coord"
+	"github.com/leasehold/leasehold/pkg/queue"
+	"github.com/leasehold/leasehold/pkg/reconcile"
+)
+
+// Reconciler is the work_queue reconciler name of site keys.
+const Reconciler = "sites"
+
+// Attribute keys of the grant in NodeSpec.attributes.
+const (
+	AttrGrantedAt    = "site.boot.granted_at"
+	AttrExpiresAt    = "site.boot.expires_at"
+	AttrLeaseTTLMs   = "site.boot.lease_ttl_ms"
+	AttrPromoteMs    = "site.boot.promote_after_ms"
+	AttrHolder       = "site.boot.holder"
+	grantedAtLayout  = time.RFC3339Nano
+	maxSiteIDLen     = 194 // "site:" + id + ":boot" fits the 200-byte lease name
+	defaultScanLimit = 10000
+)
+
+// LeaseName is the boot lease of site id.
+func LeaseName(siteID string) string { return "site:" + siteID + ":boot" }
+
+// Config holds the boot lease timings.
+type Config struct {
+	// LeaseTTL is site:<id>:boot's TTL (15 s).
+	LeaseTTL time.Duration
+	// PromoteAfter is the least time between the holder's last renewal and
+	// the promotion of another agent (15 s); it must be >= LeaseTTL.
+	PromoteAfter time.Duration
+	// RenewEvery is how often a site's key runs while it has a holder (3 s):
+	// each run renews the lease and refreshes the holder's grant.
+	RenewEvery time.Duration
+	// ScanEvery is the period of the scan that enqueues every site (5 s).
+	ScanEvery time.Duration
+	// ScanLimit bounds the sites one scan enqueues.
+	ScanLimit int
+}
+
+// DefaultConfig is DESIGN.md's defaults.
+func DefaultConfig() Config {
+	return Config{LeaseTTL: 15 * time.Second, PromoteAfter: 15 * time.Second, RenewEvery: 3 * time.Second,
+		ScanEvery: 5 * time.Second, ScanLimit: defaultScanLimit}
+}
+
+// RegisterFlags registers the flags under prefix ("sites.").
+func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
+	f.DurationVar(&c.LeaseTTL, prefix+"boot-lease-ttl", c.LeaseTTL, "TTL of each site:<id>:boot lease")
+	f.DurationVar(&c.PromoteAfter, prefix+"promote-after", c.PromoteAfter, "least time from the boot holder's last renewal to the promotion of a standby; must be >= boot-lease-ttl")
+	f.DurationVar(&c.RenewEvery, prefix+"renew-interval", c.RenewEvery, "how often a site's boot lease is renewed and its grant re-published; must be <= boot-lease-ttl/3")
+	f.DurationVar(&c.ScanEvery, prefix+"scan-interval", c.ScanEvery, "how often every site with agents is enqueued")
+	f.IntVar(&c.ScanLimit, prefix+"scan-limit", c.ScanLimit, "sites one scan enqueues at most")
+}
+
+// Validate refuses a configuration that breaks an ordering, naming both values.
+func (c Config) Validate() error {
+	var errs []error
+	if err := coord.ValidateTTL(c.LeaseTTL); err != nil {
+		errs = append(errs, fmt.Errorf("--sites.boot-lease-ttl: %w", err))
+	}
+	if c.PromoteAfter < c.LeaseTTL {
+		errs = append(errs, fmt.Errorf("--sites.promote-after %s must be >= --sites.boot-lease-ttl %s (TTL <= promotion)", c.PromoteAfter, c.LeaseTTL))
+	}
+	if c.RenewEvery < 10*time.Millisecond || c.RenewEvery > c.LeaseTTL/3 {
+		errs = append(errs, fmt.Errorf("--sites.renew-interval %s must be >= 10ms and <= a third of --sites.boot-lease-ttl %s", c.RenewEvery, c.LeaseTTL))
+	}
+	if c.ScanEvery < 10*time.Millisecond || c.ScanEvery%time.Millisecond != 0 {
+		errs = append(errs, fmt.Errorf("--sites.scan-interval %s must be whole milliseconds and >= 10ms", c.ScanEvery))
+	}
+	if c.ScanEvery > c.LeaseTTL/2 {
+		errs = append(errs, fmt.Errorf("--sites.scan-interval %s must be <= half of --sites.boot-lease-ttl %s", c.ScanEvery, c.LeaseTTL))
+	}
+	if c.ScanLimit < 1 {
+		errs = append(errs, fmt.Errorf("--sites.scan-limit %d must be >= 1", c.ScanLimit))
+	}
+	return errors.Join(errs...)
+}
+
+type metrics struct {
+	renewals   prometheus.Counter
+	promotions prometheus.Counter
+	lapses     prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		renewals: prometheus.NewCounter(prometheus.CounterOpts{Name: "leasehold_site_boot_renewals_total",
+			Help: "Renewals of site:<id>:boot leases for their connected holder."}),
+		promotions: prometheus.NewCounter(prometheus.CounterOpts{Name: "leasehold_site_boot_promotions_total",
+			Help: "Site boot leases given to a new holder (epoch + 1)."}),
+		lapses: prometheus.NewCounter(prometheus.CounterOpts{Name: "leasehold_site_boot_unrenewed_total",
+			Help: "Passes that left a live boot lease unrenewed because its holder is not connected."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.renewals, m.promotions, m.lapses)
+	}
+	return m
+}
+
+// Register adds the site reconciler and the site scan to rt.
+func Register(rt *reconcile.Runtime, cfg Config, reg prometheus.Registerer) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	m := newMetrics(reg)
+	if err := rt.RegisterSharded(reconcile.Sharded{Name: Reconciler, Group: coord.Controllers,
+		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) error {
+			_, err := reconcileSite(ctx, tx, key, cfg, m)
+			return err
+		}}); err != nil {
+		return err
+	}
+	return rt.RegisterPeriodic("site-scan", cfg.ScanEvery, func(ctx context.Context, tx pgx.Tx, _ int64) error {
+		_, err := Scan(ctx, tx, cfg)
+		return err
+	})
+}
+
+const scanSQL = `
+SELECT DISTINCT site_id FROM nodes
+ WHERE kind = 'site_agent' AND site_id IS NOT NULL AND state <> 'revoked'
+   AND site_id ~ '^[A-Za-z0-9._:@/-]{1,194}$'
+ ORDER BY site_id
+ LIMIT $1`
+
+// Scan enqueues every site that has agents and returns how many.
+func Scan(ctx context.Context, tx pgx.Tx, cfg Config) (int, error) {
+	rows, err := tx.Query(ctx, scanSQL, cfg.ScanLimit)
+	if err != nil {
+		return 0, fmt.Errorf("scan sites: %w", err)
+	}
+	sites, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, fmt.Errorf("scan sites: %w", err)
+	}
+	return queue.EnqueueMany(ctx, tx, Reconciler, sites, 0)
+}
+
+// Outcome is what one pass did to a site's lease.
+type Outcome struct {
+	// Action is renewed, promoted, retaken, waiting, unrenewed or idle.
+	Action string
+	// Holder and Epoch are the lease's owner and epoch after the pass.
+	Holder string
+	Epoch  int64
+}
+
+const ensureLeaseSQL = `INSERT INTO leases (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`
+
+const lockLeaseSQL = `
+SELECT owner, epoch, GREATEST(expires_at, 'epoch'::timestamptz), compute_now() FROM leases WHERE name = $1 FOR UPDATE`
+
+// agentsSQL lists the site's agents and whether each has a live session:
+// node and session connected, session lease unexpired, and its gateway's
+// lease live (a dead gateway's sessions count as gone at once).
+const agentsSQL = `
+SELECT n.id,
+       COALESCE(n.state = 'connected' AND s.state = 'connected' AND s.session_expires_at > compute_now()
+                AND g.owner IS NOT NULL AND g.expires_at > compute_now(), false)
+  FROM nodes n
+  LEFT JOIN node_sessions s ON s.node_id = n.id
+  LEFT JOIN leases g ON g.name = 'gateway:' || s.gateway_id
+ WHERE n.kind = 'site_agent' AND n.site_id = $1 AND n.state <> 'revoked'
+ ORDER BY n.id`
+
+// renewSQL renews the lease only for its owner at its epoch.
+const renewSQL = `
+UPDATE leases SET expires_at = compute_now() + make_interval(secs => $4::float8)
+ WHERE name = $1 AND owner = $2 AND epoch = $3
+RETURNING expires_at, compute_now()`
+
+// takeSQL is DESIGN.md section 3's guarded acquire for one name: it takes
+// the lease only when it is expired (or already the owner's); the epoch
+// rises on a change of owner.
+const takeSQL = `
+UPDATE leases SET owner = $2,
+  epoch = CASE WHEN owner = $2 THEN epoch ELSE epoch + 1 END,
+  expires_at = compute_now() + make_interval(secs => $3::float8),
+  acquired_at = CASE WHEN owner = $2 THEN acquired_at ELSE compute_now() END
+ WHERE name = $1 AND (owner = $2 OR expires_at < compute_now())
+RETURNING epoch, expires_at, compute_now()`
+
+// publishSQL merges site_boot and the site.boot.* attributes into an
+// agent's spec, leaving the rest of the spec alone, and writes only when
+// something changed (the trigger of migration 00013 then bumps spec_version
+// and notifies the gateways).
+const publishSQL = `
+UPDATE nodes n SET spec = v.spec
+  FROM (
+    SELECT id, jsonb_set(
+             (CASE WHEN jsonb_typeof(spec) = 'object' THEN spec ELSE '{}'::jsonb END - 'siteBoot') || jsonb_build_object('site_boot', $2::jsonb),
+             '{attributes}',
+             (CASE WHEN jsonb_typeof(spec->'attributes') = 'object' THEN spec->'attributes' ELSE '{}'::jsonb END
+                - ARRAY['site.boot.granted_at', 'site.boot.expires_at', 'site.boot.lease_ttl_ms', 'site.boot.promote_after_ms', 'site.boot.holder'])
+               || $3::jsonb) AS spec
+      FROM nodes WHERE id = $1
+  ) v
+ WHERE n.id = v.id AND n.spec IS DISTINCT FROM v.spec`
+
+type agent struct {
+	id        string
+	connected bool
+}
+
+// Reconcile runs one pass for siteID inside the caller's transaction, which
+// must be fenced on the site's shard lease.
+func Reconcile(ctx context.Context, tx pgx.Tx, siteID string, cfg Config) (Outcome, error) {
+	return reconcileSite(ctx, tx, siteID, cfg, newMetrics(nil))
+}
+
+func reconcileSite(ctx context.Context, tx pgx.Tx, siteID string, cfg Config, m *metrics) (Outcome, error) {
+	name := LeaseName(siteID)
+	if len(siteID) > maxSiteIDLen || coord.ValidateName(name) != nil {
+		return Outcome{Action: "idle"}, nil // the scan never enqueues such ids
+	}
+	rows, err := tx.Query(ctx, agentsSQL, siteID)
+	if err != nil {
+		return Outcome{}, fmt.Errorf("read agents of site %s: %w", siteID, err)
+	}
+	agents, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (agent, error) {
+		var a agent
+		return a, r.Scan(&a.id, &a.connected)
+	})
+	if err != nil {
+		return Outcome{}, fmt.Errorf("read agents of site %s: %w", siteID, err)
+	}
+	if len(agents) == 0 {
+		return Outcome{Action: "idle"}, nil
+	}
+	if _, err := tx.Exec(ctx, ensureLeaseSQL, name); err != nil {
+		return Outcome{}, fmt.Errorf("create lease %s: %w", name, err)
+	}
+	var (
+		owner     *string
+		epoch     int64
+		expiresAt time.Time
+		now       time.Time
+	)
+	// -infinity (released, or never held) reads as 1970: long expired.
+	if err := tx.QueryRow(ctx, lockLeaseSQL, name).Scan(&owner, &epoch, &expiresAt, &now); err != nil {
+		return Outcome{}, fmt.Errorf("lock lease %s: %w", name, err)
+	}
+	connected := map[string]bool{}
+	for _, a := range agents {
+		connected[a.id] = a.connected
+	}
+	holder := ""
+	if owner != nil {
+		holder = *owner
+	}
+	live := holder != "" && expiresAt.After(now)
+
+	var (
+		out     Outcome
+		granted bool
+		newExp  time.Time
+		next    = cfg.RenewEvery
+	)
+	switch {
+	case live && connected[holder]:
+		if err := tx.QueryRow(ctx, renewSQL, name, holder, epoch, cfg.LeaseTTL.Seconds()).Scan(&newExp, &now); err != nil {
+			return Outcome{}, fmt.Errorf("renew %s for %s: %w", name, holder, err)
+		}
+		out, granted = Outcome{Action: "renewed", Holder: holder, Epoch: epoch}, true
+		m.renewals.Inc()
+	case live:
+		// The holder keeps the lease until it expires; its last grant ages
+		// out on the agent (self-fence) before then. Look again when a
+		// promotion may be due, or sooner if it reconnects.
+		out = Outcome{Action: "unrenewed", Holder: holder, Epoch: epoch}
+		m.lapses.Inc()
+		next = min(next, promoteAt(expiresAt, cfg).Sub(now)+10*time.Millisecond)
+	default:
+		candidate := ""
+		action := "promoted"
+		if holder != "" && connected[holder] {
+			candidate, action = holder, "retaken" // the same agent: nobody to fence against
+		} else {
+			if at := promoteAt(expiresAt, cfg); now.Before(at) {
+				out = Outcome{Action: "waiting", Holder: holder, Epoch: epoch}
+				next = at.Sub(now) + 10*time.Millisecond
+				break
+			}
+			for _, a := range agents {
+				if a.connected {
+					candidate = a.id
+					break
+				}
+			}
+		}
+		if candidate == "" {
+			if out.Action == "" {
+				out = Outcome{Action: "idle", Holder: holder, Epoch: epoch}
+			}
+			break
+		}
+		var newEpoch int64
+		err := tx.QueryRow(ctx, takeSQL, name, candidate, cfg.LeaseTTL.Seconds()).Scan(&newEpoch, &newExp, &now)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return Outcome{}, fmt.Errorf("take %s for %s: the lease is live", name, candidate)
+		}
+		if err != nil {
+			return Outcome{}, fmt.Errorf("take %s for %s: %w", name, candidate, err)
+		}
+		holder, epoch, granted = candidate, newEpoch, true
+		out = Outcome{Action: action, Holder: holder, Epoch: epoch}
+		if action == "promoted" {
+			m.promotions.Inc()
+		}
+	}
+
+	for _, a := range agents {
+		if a.id == holder && !granted {
+			continue // an unrenewed holder's grant is left to age out
+		}
+		if err := publish(ctx, tx, a.id, siteID, holder, epoch, granted && a.id == holder, now, newExp, cfg); err != nil {
+			return Outcome{}, err
+		}
+	}
+	if out.Holder != "" || out.Action == "waiting" {
+		if _, err := queue.Enqueue(ctx, tx, Reconciler, siteID, max(next, 0)); err != nil {
+			return Outcome{}, err
+		}
+	}
+	return out, nil
+}
+
+// promoteAt is the earliest instant another agent may take a lease that
+// expires at expiresAt: the holder's last renewal plus PromoteAfter.
+func promoteAt(expiresAt time.Time, cfg Config) time.Time {
+	return expiresAt.Add(cfg.PromoteAfter - cfg.LeaseTTL)
+}
+
+func publish(ctx context.Context, tx pgx.Tx, nodeID, siteID, holder string, epoch int64, active bool, now, expiresAt time.Time, cfg Config) error {
+	sb, err := json.Marshal(map[string]any{"active": active, "epoch": strconv.FormatInt(epoch, 10), "site_id": siteID})
+	if err != nil {
+		return err
+	}
+	attrs := map[string]string{
+		AttrHolder:     holder,
+		AttrLeaseTTLMs: strconv.FormatInt(cfg.LeaseTTL.Milliseconds(), 10),
+		AttrPromoteMs:  strconv.FormatInt(cfg.PromoteAfter.Milliseconds(), 10),
+	}
+	if active {
+		attrs[AttrGrantedAt] = now.UTC().Format(grantedAtLayout)
+		attrs[AttrExpiresAt] = expiresAt.UTC().Format(grantedAtLayout)
+	}
+	ab, err := json.Marshal(attrs)
+	if err != nil {
+		return err
+	}
+	// Strings, not []byte: in the pooler's exec mode pgx would send []byte as bytea text.
+	if _, err := tx.Exec(ctx, publishSQL, nodeID, string(sb), string(ab)); err != nil {
+		return fmt.Errorf("publish site boot grant to %s: %w", nodeID, err)
+	}
+	return nil
+}
