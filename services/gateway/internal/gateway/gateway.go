@@ -92,13 +92,8 @@ type Gateway struct {
 	mu       sync.Mutex
 	sessions map[string]*session
 
-	wake       chan struct{}
-	notifiedMu sync.Mutex
-	notified   map[string]struct{}
-
-	specWake    chan struct{}
-	specMu      sync.Mutex
-	specPending map[string]struct{}
+	dispatchWaker *nodeWaker
+	specWaker     *nodeWaker
 
 	fenceOnce   sync.Once
 	fencedCh    chan struct{}
@@ -137,10 +132,8 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		limiter:  rate.NewLimiter(rate.Limit(cfg.HelloRate), cfg.HelloBurst),
 		checker:  grpchealth.NewStaticChecker(nodev1connect.NodeGatewayServiceName),
 		sessions: map[string]*session{},
-		wake:     make(chan struct{}, 1),
-		notified: map[string]struct{}{},
 		fencedCh: make(chan struct{}),
-		specWake: make(chan struct{}, 1), specPending: map[string]struct{}{},
+		dispatchWaker: newNodeWaker(), specWaker: newNodeWaker(),
 	}
 	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusNotServing)
 	g.checker.SetStatus("", grpchealth.StatusNotServing)

@@ -90,48 +90,12 @@ func (g *Gateway) livenessOnce(ctx context.Context) error {
 
 // wakeDispatch asks the dispatcher to look at nodeID's pending commands
 // ("" looks at every session).
-func (g *Gateway) wakeDispatch(nodeID string) {
-	g.notifiedMu.Lock()
-	if nodeID == "" {
-		g.notified[""] = struct{}{}
-	} else {
-		g.notified[nodeID] = struct{}{}
-	}
-	g.notifiedMu.Unlock()
-	select {
-	case g.wake <- struct{}{}:
-	default:
-	}
-}
+func (g *Gateway) wakeDispatch(nodeID string) { g.dispatchWaker.wake(nodeID) }
 
 // dispatchLoop dispatches pending commands of this gateway's sessions when
 // woken (NOTIFY, a new session) and at every poll.
 func (g *Gateway) dispatchLoop(ctx context.Context) {
-	t := g.clock.NewTicker(g.cfg.DispatchPoll)
-	defer t.Stop()
-	for {
-		all := false
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.Chan():
-			all = true
-		case <-g.wake:
-		}
-		if g.Fenced() {
-			return
-		}
-		g.notifiedMu.Lock()
-		nodes := g.notified
-		g.notified = map[string]struct{}{}
-		g.notifiedMu.Unlock()
-		if _, ok := nodes[""]; ok {
-			all = true
-		}
-		if err := g.dispatchFor(ctx, all, nodes); err != nil && !g.Fenced() && ctx.Err() == nil {
-			g.log.Warn("dispatch failed", "err", err)
-		}
-	}
+	g.runWoken(ctx, g.dispatchWaker, g.cfg.DispatchPoll, "dispatch", g.dispatchFor)
 }
 
 func (g *Gateway) dispatchFor(ctx context.Context, all bool, nodes map[string]struct{}) error {
@@ -281,46 +245,14 @@ func (g *Gateway) listen(ctx context.Context) error {
 
 // wakeSpec asks the spec loop to compare nodeID's spec ("" compares every
 // session's).
-func (g *Gateway) wakeSpec(nodeID string) {
-	g.specMu.Lock()
-	g.specPending[nodeID] = struct{}{}
-	g.specMu.Unlock()
-	select {
-	case g.specWake <- struct{}{}:
-	default:
-	}
-}
+func (g *Gateway) wakeSpec(nodeID string) { g.specWaker.wake(nodeID) }
 
 // specLoop pushes NodeSpecUpdate to a session whenever its node's spec is
 // newer than the one the node last received: at once when NOTIFY names the
 // node, and for every session at each SpecPoll. A push carries the whole
 // spec; only the newest version is sent, never an older one.
 func (g *Gateway) specLoop(ctx context.Context) {
-	t := g.clock.NewTicker(g.cfg.SpecPoll)
-	defer t.Stop()
-	for {
-		all := false
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.Chan():
-			all = true
-		case <-g.specWake:
-		}
-		if g.Fenced() {
-			return
-		}
-		g.specMu.Lock()
-		nodes := g.specPending
-		g.specPending = map[string]struct{}{}
-		g.specMu.Unlock()
-		if _, ok := nodes[""]; ok {
-			all = true
-		}
-		if err := g.pushSpecs(ctx, all, nodes); err != nil && !g.Fenced() && ctx.Err() == nil {
-			g.log.Warn("node spec push failed", "err", err)
-		}
-	}
+	g.runWoken(ctx, g.specWaker, g.cfg.SpecPoll, "node spec push", g.pushSpecs)
 }
 
 func (g *Gateway) pushSpecs(ctx context.Context, all bool, nodes map[string]struct{}) error {
