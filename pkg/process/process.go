@@ -240,16 +240,30 @@ func newHTTPService(addr string, h http.Handler, logger *slog.Logger) (*httpServ
 func (s *httpService) addr() string { return s.ln.Addr().String() }
 
 func (s *httpService) running(ctx context.Context) error {
+	return Serve(ctx, s.srv, s.ln, "health server", 5*time.Second)
+}
+
+// Serve runs srv on ln (TLS when srv.TLSConfig is set) until ctx ends, then
+// shuts it down gracefully within grace. It returns an error only when the
+// server stopped by itself.
+func Serve(ctx context.Context, srv *http.Server, ln net.Listener, name string, grace time.Duration) error {
+	useTLS := srv.TLSConfig != nil // Serve mutates the TLS settings: read first
 	errc := make(chan error, 1)
-	go func() { errc <- s.srv.Serve(s.ln) }()
+	go func() {
+		if useTLS {
+			errc <- srv.ServeTLS(ln, "", "")
+		} else {
+			errc <- srv.Serve(ln)
+		}
+	}()
 	select {
 	case err := <-errc:
-		return fmt.Errorf("health server: %w", err)
+		return fmt.Errorf("%s: %w", name, err)
 	case <-ctx.Done():
 	}
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	_ = s.srv.Shutdown(shutdownCtx)
+	_ = srv.Shutdown(shutdownCtx)
 	<-errc
 	return nil
 }

@@ -249,16 +249,5 @@ func newAPIServer(addr string, h http.Handler, logger *slog.Logger) (*apiServer,
 }
 
 func (s *apiServer) running(ctx context.Context) error {
-	errc := make(chan error, 1)
-	go func() { errc <- s.srv.Serve(s.ln) }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("DoctorService server: %w", err)
-	case <-ctx.Done():
-	}
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = s.srv.Shutdown(shutdownCtx)
-	<-errc
-	return nil
+	return process.Serve(ctx, s.srv, s.ln, "DoctorService server", 5*time.Second)
 }
