@@ -128,11 +128,11 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	m := newMetrics(deps.Registry)
 	g := &Gateway{
 		cfg: cfg, id: deps.ID, db: deps.DB, notifyURL: deps.NotifyURL, log: deps.Logger, clock: deps.Clock, m: m,
-		lease:    &leaseKeeper{client: client, name: name, ttl: cfg.LeaseTTL, renew: cfg.LeaseRenew, clock: deps.Clock, m: m},
-		limiter:  rate.NewLimiter(rate.Limit(cfg.HelloRate), cfg.HelloBurst),
-		checker:  grpchealth.NewStaticChecker(nodev1connect.NodeGatewayServiceName),
-		sessions: map[string]*session{},
-		fencedCh: make(chan struct{}),
+		lease:         &leaseKeeper{client: client, name: name, ttl: cfg.LeaseTTL, renew: cfg.LeaseRenew, clock: deps.Clock, m: m},
+		limiter:       rate.NewLimiter(rate.Limit(cfg.HelloRate), cfg.HelloBurst),
+		checker:       grpchealth.NewStaticChecker(nodev1connect.NodeGatewayServiceName),
+		sessions:      map[string]*session{},
+		fencedCh:      make(chan struct{}),
 		dispatchWaker: newNodeWaker(), specWaker: newNodeWaker(),
 	}
 	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusNotServing)
