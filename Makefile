@@ -155,3 +155,27 @@ demo:
 ## check-modules: every module builds and vets on its own (GOWORK=off), through its replace directives
 check-modules:
 	@for m in $(MODULES); do echo "== GOWORK=off $${m#$(CURDIR)/}"; (cd $$m && GOWORK=off go vet ./...) || exit 1; done
+
+## test-pgbouncer: the whole suite twice more through a real PgBouncer in
+## transaction mode (pkg/pgtest): with LISTEN on a direct URL, then without
+## (every waiter polls). Needs the pgbouncer binary (apt-get install pgbouncer).
+PGBOUNCER_MODES ?= 1 nolisten
+PGBOUNCER_TEST_FLAGS ?=
+.PHONY: test-pgbouncer fuzz
+test-pgbouncer: build
+	@set -e; for mode in $(PGBOUNCER_MODES); do for m in $(MODULES); do \
+		echo "== LEASEHOLD_TEST_PGBOUNCER=$$mode $${m#$(CURDIR)/}"; \
+		(cd $$m && LEASEHOLD_TEST_PGBOUNCER=$$mode go test -count=1 -timeout 15m $(PGBOUNCER_TEST_FLAGS) ./...); \
+	done; done
+
+## fuzz: run every fuzz target for FUZZTIME each (seed corpora under
+## testdata/fuzz/ also run as plain tests in make test)
+FUZZTIME ?= 10s
+FUZZ_TARGETS := pkg/coord:FuzzValidateName pkg/coord:FuzzValidateTTL pkg/daemon:FuzzConnectResponse \
+	pkg/process:FuzzRun services/gateway/internal/gateway:FuzzConnectRequest \
+	services/site-agent/internal/pxe:FuzzHandlePacket
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do dir=$${t%%:*}; name=$${t##*:}; \
+		echo "== fuzz $$name ($$dir) for $(FUZZTIME)"; \
+		(cd $$dir && go test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) .); \
+	done

@@ -120,12 +120,19 @@ func TestEpochRisesOnChangeOfOwnerOnly(t *testing.T) {
 
 func TestReleaseNotifies(t *testing.T) {
 	t.Parallel()
-	s := setup(t)
-	ctx := context.Background()
-	conn, err := s.db.Acquire(ctx)
+	if !pgtest.NotifyAvailable() {
+		t.Skip("no LISTEN in this pgtest mode")
+	}
+	db := pgtest.NewDB(t)
+	a, err := coord.NewClient(db.Pool, "owner-a")
 	require.NoError(t, err)
-	defer conn.Release()
-	_, err = conn.Exec(ctx, "LISTEN "+coord.ReleaseChannel)
+	s := bundle{db: db.Pool, a: a}
+	ctx := context.Background()
+	// LISTEN needs a session connection: the direct URL, never PgBouncer's.
+	listener, err := pgx.Connect(ctx, db.DirectURL)
+	require.NoError(t, err)
+	defer listener.Close(ctx)
+	_, err = listener.Exec(ctx, "LISTEN "+coord.ReleaseChannel)
 	require.NoError(t, err)
 
 	_, ok, err := s.a.Acquire(ctx, "gateway:gw_1", time.Minute)
@@ -136,7 +143,7 @@ func TestReleaseNotifies(t *testing.T) {
 
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	n, err := conn.Conn().WaitForNotification(wctx)
+	n, err := listener.WaitForNotification(wctx)
 	require.NoError(t, err)
 	require.Equal(t, "gateway:gw_1", n.Payload)
 }

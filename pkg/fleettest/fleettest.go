@@ -15,6 +15,7 @@ import (
 
 	"github.com/leasehold/leasehold/pkg/nodeauth"
 	"github.com/leasehold/leasehold/pkg/pglocal"
+	"github.com/leasehold/leasehold/pkg/pgtest"
 	"github.com/leasehold/leasehold/pkg/proctest"
 )
 
@@ -52,6 +53,14 @@ var FastGateway = []string{"--gateway.lease-ttl", "2s", "--gateway.lease-renew",
 	"--gateway.liveness-interval", "200ms", "--gateway.heartbeat-interval", "1s", "--gateway.dispatch-poll", "200ms",
 	"--gateway.drain-max-delay", "1s", "--gateway.drain-grace", "1s"}
 
+// DBFlags are the extra service flags for dbURL (a pgtest URL) in the
+// current pgtest mode: nothing when tests reach PostgreSQL directly;
+// --pooler and --listen-database-url <direct URL> through PgBouncer; only
+// --pooler through PgBouncer without LISTEN (LEASEHOLD_TEST_PGBOUNCER=nolisten).
+// StartGateway and StartService add them; tests that start processes
+// themselves append them.
+func DBFlags(dbURL string) []string { return pgtest.PoolerFlags(dbURL) }
+
 // Gateway is a running gateway process.
 type Gateway struct {
 	*proctest.Proc
@@ -67,7 +76,8 @@ func StartGateway(t testing.TB, dbURL, name string, extra ...string) Gateway {
 	t.Helper()
 	listen := Addr(t)
 	args := append([]string{"--database-url", dbURL, "--http-addr", Addr(t), "--listen-addr", listen, "--id", name,
-		"--log-format", "text"}, extra...)
+		"--log-format", "text"}, DBFlags(dbURL)...)
+	args = append(args, extra...)
 	p := proctest.Start(t, name, Binary(t, "gateway"), nil, args...)
 	p.WaitReady(30 * time.Second)
 	return Gateway{Proc: p, Listen: listen}
@@ -76,7 +86,8 @@ func StartGateway(t testing.TB, dbURL, name string, extra ...string) Gateway {
 // StartService runs service (worker, scheduler, api, …) with id name.
 func StartService(t testing.TB, service, dbURL, name string, extra ...string) *proctest.Proc {
 	t.Helper()
-	args := append([]string{"--database-url", dbURL, "--http-addr", Addr(t), "--id", name, "--log-format", "text"}, extra...)
+	args := append([]string{"--database-url", dbURL, "--http-addr", Addr(t), "--id", name, "--log-format", "text"}, DBFlags(dbURL)...)
+	args = append(args, extra...)
 	p := proctest.Start(t, name, Binary(t, service), nil, args...)
 	p.WaitReady(30 * time.Second)
 	return p

@@ -8,6 +8,16 @@
 //
 // A test package that uses pgtest calls Main from its TestMain so the server
 // it started is stopped when the binary exits.
+//
+// With LEASEHOLD_TEST_PGBOUNCER set, a real PgBouncer in transaction mode
+// (pkg/pgbouncer) stands in front of the server and every DB's URL and Pool
+// go through it (DESIGN.md section 12):
+//
+//	LEASEHOLD_TEST_PGBOUNCER=1         DB.DirectURL is the direct URL, for LISTEN
+//	LEASEHOLD_TEST_PGBOUNCER=nolisten  DB.DirectURL is empty: notifications off, all polls
+//
+// Databases are still created, and the template migrated, on the direct admin
+// URL. Tests that start services pass PoolerFlags(db.URL) (pkg/fleettest does).
 package pgtest
 
 import (
@@ -15,6 +25,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,11 +37,44 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/leasehold/leasehold/migrations"
+	"github.com/leasehold/leasehold/pkg/pgbouncer"
 	"github.com/leasehold/leasehold/pkg/pgdb"
 )
 
 // EnvURL names the environment variable with an external server's URL.
 const EnvURL = "LEASEHOLD_TEST_DATABASE_URL"
+
+// EnvPgBouncer names the environment variable selecting the PgBouncer mode:
+// unset, "" or "0" off; "1", "true" or "listen" through PgBouncer with a
+// direct URL for LISTEN; "nolisten" through PgBouncer without one.
+const EnvPgBouncer = "LEASEHOLD_TEST_PGBOUNCER"
+
+// PgBouncer modes, as returned by Mode.
+const (
+	ModeDirect   = "direct"
+	ModeListen   = "pgbouncer"
+	ModeNoListen = "pgbouncer-nolisten"
+)
+
+// Mode reports how this binary's tests reach PostgreSQL: ModeDirect,
+// ModeListen or ModeNoListen, from LEASEHOLD_TEST_PGBOUNCER.
+func Mode() string {
+	switch strings.ToLower(strings.TrimSpace(os.Getenv(EnvPgBouncer))) {
+	case "", "0", "false", "off", "no":
+		return ModeDirect
+	case "nolisten", "no-listen", "polling":
+		return ModeNoListen
+	default:
+		return ModeListen
+	}
+}
+
+// Pooled reports whether tests run through PgBouncer (either mode).
+func Pooled() bool { return Mode() != ModeDirect }
+
+// NotifyAvailable reports whether tests can LISTEN (false only in the
+// nolisten mode), for assertions on a notification mode of "listen".
+func NotifyAvailable() bool { return Mode() != ModeNoListen }
 
 const templateDB = "leasehold_template"
 
@@ -71,10 +115,42 @@ func LeakOptions() []goleak.Option {
 type DB struct {
 	// Name is the database's name.
 	Name string
-	// URL connects to it as the superuser.
+	// URL connects to it as the superuser; through PgBouncer in a PgBouncer
+	// mode (then it carries pgx's exec-mode settings).
 	URL string
-	// Pool is an open pool on it, closed when the test ends.
+	// DirectURL connects to it without a pooler: the URL to LISTEN on (and
+	// for session state such as advisory locks). It equals URL in the direct
+	// mode and is empty in the nolisten mode.
+	DirectURL string
+	// Pool is an open pool on URL, closed when the test ends.
 	Pool *pgxpool.Pool
+}
+
+var (
+	flagsMu   sync.Mutex
+	directFor = map[string]string{} // pooled URL -> DirectURL
+)
+
+// PoolerFlags returns the service flags a process started on dbURL (a URL
+// from NewDB) needs in the current mode: none in the direct mode, else
+// --pooler and, when a direct URL exists, --listen-database-url.
+func PoolerFlags(dbURL string) []string {
+	if !Pooled() {
+		return nil
+	}
+	flagsMu.Lock()
+	direct, ok := directFor[dbURL]
+	flagsMu.Unlock()
+	if !ok {
+		// Not a pooled URL of this binary (e.g. a proxy in front of the
+		// direct server): nothing to add.
+		return nil
+	}
+	flags := []string{"--pooler"}
+	if direct != "" {
+		flags = append(flags, "--listen-database-url", direct)
+	}
+	return flags
 }
 
 // New returns a pool on a fresh, migrated database that lives for the test.
@@ -105,13 +181,24 @@ func newDB(t testing.TB, template string) *DB {
 	if err := s.exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+template); err != nil {
 		t.Fatalf("pgtest: create database: %v", err)
 	}
-	u := s.urlFor(name)
-	pool, err := pgdb.Connect(ctx, pgdb.Config{URL: u, AppName: "pgtest", MaxConns: 20})
+	db := &DB{Name: name, URL: s.urlFor(name)}
+	db.DirectURL = db.URL
+	if s.bouncer != nil {
+		db.URL = s.bouncer.URL(name)
+		if Mode() == ModeNoListen {
+			db.DirectURL = ""
+		}
+		flagsMu.Lock()
+		directFor[db.URL] = db.DirectURL
+		flagsMu.Unlock()
+	}
+	pool, err := pgdb.Connect(ctx, pgdb.Config{URL: db.URL, AppName: "pgtest", MaxConns: 20, Pooler: s.bouncer != nil})
 	if err != nil {
 		t.Fatalf("pgtest: connect: %v", err)
 	}
 	t.Cleanup(pool.Close)
-	return &DB{Name: name, URL: u, Pool: pool}
+	db.Pool = pool
+	return db
 }
 
 // Server returns the binary's test server, starting it on first use.
@@ -129,6 +216,7 @@ func Server(t testing.TB) *server {
 type server struct {
 	adminURL string
 	stop     func()
+	bouncer  *pgbouncer.Bouncer
 	local    interface {
 		Restart(ctx context.Context, immediate bool) error
 	}
@@ -179,8 +267,45 @@ func start(ctx context.Context) (*server, error) {
 		s.stop()
 		return nil, err
 	}
+	if Pooled() {
+		if err := s.startBouncer(ctx); err != nil {
+			s.stop()
+			return nil, err
+		}
+	}
 	return s, nil
 }
+
+// startBouncer puts a PgBouncer in transaction mode in front of the server.
+func (s *server) startBouncer(ctx context.Context) error {
+	u, err := url.Parse(s.adminURL)
+	if err != nil {
+		return fmt.Errorf("parse admin url: %w", err)
+	}
+	port, err := strconv.Atoi(u.Port())
+	if err != nil {
+		port = 5432
+	}
+	pw, _ := u.User.Password()
+	host := u.Hostname()
+	if host == "localhost" || host == "" {
+		host = "127.0.0.1"
+	}
+	b, err := pgbouncer.Start(ctx, pgbouncer.Options{ServerHost: host, ServerPort: port, User: u.User.Username(), Password: pw})
+	if err != nil {
+		return fmt.Errorf("%s=%s: %w", EnvPgBouncer, os.Getenv(EnvPgBouncer), err)
+	}
+	s.bouncer = b
+	stopServer := s.stop
+	s.stop = func() {
+		b.Stop()
+		stopServer()
+	}
+	return nil
+}
+
+// PgBouncer is the binary's PgBouncer in a PgBouncer mode, else nil.
+func (s *server) PgBouncer() *pgbouncer.Bouncer { return s.bouncer }
 
 func startServer(ctx context.Context) (*server, error) {
 	if u := os.Getenv(EnvURL); u != "" {

@@ -55,3 +55,28 @@ func TestDatabaseNewerThanBinaryIsRefused(t *testing.T) {
 	_, err = migrations.Up(ctx, sqlDB, nil)
 	require.ErrorIs(t, err, migrations.ErrDatabaseNewer)
 }
+
+// TestPgBouncerModeURLsAndFlags: in a PgBouncer mode the pool and URL go
+// through PgBouncer (which reports itself in SHOW-less ways: a different
+// port than the server's) and the flags for services follow the mode.
+func TestPgBouncerModeURLsAndFlags(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	switch pgtest.Mode() {
+	case pgtest.ModeDirect:
+		require.Equal(t, db.URL, db.DirectURL)
+		require.Empty(t, pgtest.PoolerFlags(db.URL))
+		return
+	case pgtest.ModeListen:
+		require.NotEmpty(t, db.DirectURL)
+		require.NotEqual(t, db.URL, db.DirectURL)
+		require.Equal(t, []string{"--pooler", "--listen-database-url", db.DirectURL}, pgtest.PoolerFlags(db.URL))
+	case pgtest.ModeNoListen:
+		require.Empty(t, db.DirectURL)
+		require.Equal(t, []string{"--pooler"}, pgtest.PoolerFlags(db.URL))
+	}
+	require.NotNil(t, pgtest.Server(t).PgBouncer())
+	require.Contains(t, db.URL, pgtest.Server(t).PgBouncer().Addr())
+	var n int
+	require.NoError(t, db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM leases").Scan(&n))
+}

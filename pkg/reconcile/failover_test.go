@@ -52,7 +52,8 @@ func (f failover) start(t *testing.T, id, dbURL string, extra ...string) *procte
 		"--log-format", "text", "--coord.poll-interval", "50ms",
 		// Keys a dead worker had claimed wait out the claim TTL (the second
 		// safety net); 10 s instead of 60 s keeps the drain check short.
-		"--coord.claim-ttl", "10s"}, extra...)
+		"--coord.claim-ttl", "10s"}, pgtest.PoolerFlags(dbURL)...)
+	args = append(args, extra...)
 	p := proctest.Start(t, id, f.bin, nil, args...)
 	p.WaitReady(20 * time.Second)
 	return p
@@ -128,7 +129,13 @@ func TestWorkerFailoverConnectionKilled(t *testing.T) {
 	viaProxy := *u
 	viaProxy.Host = proxy.Addr()
 
-	f.start(t, "wa", viaProxy.String(), "--listen-database-url", f.db.URL)
+	// A's pool goes through the proxy, its LISTEN connection directly (or,
+	// through PgBouncer, the flags of the pgtest mode).
+	listen := pgtest.PoolerFlags(f.db.URL)
+	if !pgtest.Pooled() {
+		listen = []string{"--listen-database-url", f.db.DirectURL}
+	}
+	f.start(t, "wa", viaProxy.String(), listen...)
 	f.waitHeld(t, "wa", allLeases, 30*time.Second)
 	f.start(t, "wb", f.db.URL)
 	stop := f.enqueue(t)
@@ -205,6 +212,9 @@ func TestPausedWorkerCommitsNothingAfterTakeover(t *testing.T) {
 // (renew 5 s) the survivor holds everything at once through NOTIFY.
 func TestSIGTERMHandsOverWellUnderARenewalPeriod(t *testing.T) {
 	t.Parallel()
+	if !pgtest.NotifyAvailable() {
+		t.Skip("no LISTEN in this pgtest mode: the survivor takes over at its next pass (polling), not at once")
+	}
 	f := setupFailover(t)
 	a := f.start(t, "wa", f.db.URL)
 	f.waitHeld(t, "wa", allLeases, 30*time.Second)

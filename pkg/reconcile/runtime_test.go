@@ -35,7 +35,7 @@ func fastConfig() reconcile.Config {
 
 func newRuntime(t *testing.T, db *pgtest.DB, owner string, register func(rt *reconcile.Runtime)) *reconcile.Runtime {
 	t.Helper()
-	rt, err := reconcile.New(fastConfig(), db.Pool, reconcile.Options{Owner: owner, NotifyURL: db.URL, Registerer: prometheus.NewRegistry()})
+	rt, err := reconcile.New(fastConfig(), db.Pool, reconcile.Options{Owner: owner, NotifyURL: db.DirectURL, Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	register(rt)
 	require.NoError(t, services.StartAndAwaitRunning(context.Background(), rt))
@@ -218,7 +218,9 @@ func TestSinkDeliversEveryRecordAcrossTakeover(t *testing.T) {
 	}
 	sort.Slice(missing, func(i, j int) bool { return missing[i] < missing[j] })
 	require.Empty(t, missing)
-	require.Eventually(t, func() bool { return count(t, db.Pool, "SELECT cursor FROM sink_cursors WHERE sink_id = 'audit'") == 500 },
+	require.Eventually(t, func() bool {
+		return count(t, db.Pool, "SELECT cursor FROM sink_cursors WHERE sink_id = 'audit'") == 500
+	},
 		5*time.Second, 10*time.Millisecond, "the cursor is saved after the last delivered batch")
 }
 

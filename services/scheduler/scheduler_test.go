@@ -26,6 +26,7 @@ func startScheduler(t *testing.T, bin, id, dbURL string, extra ...string) *proct
 	port, err := pglocal.FreePort()
 	require.NoError(t, err)
 	args := append(append([]string{"--id", id, "--database-url", dbURL, "--http-addr", fmt.Sprintf("127.0.0.1:%d", port)}, fastArgs...), extra...)
+	args = append(args, pgtest.PoolerFlags(dbURL)...)
 	p := proctest.Start(t, id, bin, nil, args...)
 	p.WaitReady(20 * time.Second)
 	return p

@@ -30,6 +30,7 @@ func startWorker(t *testing.T, bin, id, dbURL string) *proctest.Proc {
 	port, err := pglocal.FreePort()
 	require.NoError(t, err)
 	args := append([]string{"--id", id, "--database-url", dbURL, "--http-addr", fmt.Sprintf("127.0.0.1:%d", port)}, fastArgs...)
+	args = append(args, pgtest.PoolerFlags(dbURL)...)
 	p := proctest.Start(t, id, bin, nil, args...)
 	p.WaitReady(20 * time.Second)
 	return p

@@ -45,7 +45,7 @@ var gwSeq int
 func startGateway(t testing.TB, db *pgtest.DB, cfg Config) *Gateway {
 	t.Helper()
 	gwSeq++
-	g, err := New(cfg, Deps{ID: fmt.Sprintf("gw_test%d", gwSeq), DB: db.Pool, NotifyURL: db.URL, Registry: prometheus.NewRegistry()})
+	g, err := New(cfg, Deps{ID: fmt.Sprintf("gw_test%d", gwSeq), DB: db.Pool, NotifyURL: db.DirectURL, Registry: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	require.NoError(t, services.StartAndAwaitRunning(context.Background(), g))
 	t.Cleanup(func() {
