@@ -18,10 +18,12 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // TestEveryServiceStartsServesHealthAndStopsOnSIGTERM runs each service
-// binary as a real process against a real database.
+// binary that connects to the database as a real process against a real
+// database. (The site agent is a node, not a database client: its own tests
+// run it against a gateway.)
 func TestEveryServiceStartsServesHealthAndStopsOnSIGTERM(t *testing.T) {
 	db := pgtest.NewEmpty(t)
-	for i, name := range []string{"worker", "scheduler", "gateway", "api", "site-agent", "doctor"} {
+	for i, name := range []string{"worker", "scheduler", "gateway", "api", "doctor"} {
 		t.Run(name, func(t *testing.T) {
 			bin := proctest.Build(t, "../../services/"+name)
 			port, err := pglocal.FreePort()
@@ -30,6 +32,12 @@ func TestEveryServiceStartsServesHealthAndStopsOnSIGTERM(t *testing.T) {
 			if i == 0 {
 				args = append(args, "--migrate") // the first one migrates the empty database
 			}
+			if name == "gateway" || name == "api" {
+				listen, err := pglocal.FreePort()
+				require.NoError(t, err)
+				args = append(args, "--listen-addr", fmt.Sprintf("127.0.0.1:%d", listen))
+			}
+			args = append(args, pgtest.PoolerFlags(db.URL)...)
 			if name == "doctor" {
 				// doctor is a CLI; its daemon is `leasehold-doctor serve`,
 				// with DoctorService on a port of its own.
@@ -37,7 +45,8 @@ func TestEveryServiceStartsServesHealthAndStopsOnSIGTERM(t *testing.T) {
 				require.NoError(t, err)
 				args = append([]string{"serve", "--listen-addr", fmt.Sprintf("127.0.0.1:%d", apiPort)}, args...)
 			}
-			p := proctest.Start(t, name, bin, []string{"LEASEHOLD_DATABASE_URL=" + db.URL}, args...)
+			env := []string{"LEASEHOLD_DATABASE_URL=" + db.URL, "LEASEHOLD_API_TOKENS=admin:devstack-test-token-0123"}
+			p := proctest.Start(t, name, bin, env, args...)
 			p.WaitReady(30 * time.Second)
 			code, _, err := p.Get("/livez", "")
 			require.NoError(t, err)
