@@ -1,5 +1,17 @@
 // Package bench holds leasehold's benchmarks that run whole processes: the
-// failover gates operators run before a release (multi-gateway fleet
-// simulator, lease failover, end-to-end throughput). Each prints a table and
-// JSON and exits non-zero when a gate fails.
+// failover gates operators run before a release. Each prints a table and
+// JSON and exits non-zero when a gate fails; docs/high-availability.md
+// quotes their results.
+//
+//   - cmd/multigateway: fleet simulator. Three gateways behind HAProxy, the
+//     worker, scheduler and api, real PostgreSQL and N simulated daemons
+//     with commands flowing; -scenario kill|zombie|drain, -nodes N.
+//   - cmd/leasefailover: crash, pause and SIGTERM takeover of a worker's
+//     leases, River's leader election side by side, coordination load of
+//     1/4/16/64 members.
+//   - cmd/throughput: commands/s end to end through 1 and 3 gateways, and
+//     River's jobs/s on the same server.
+//   - cmd/riverclient: the River client process the two above start.
+//
+// `make bench-failover`, `make bench-throughput` and `make demo` run them.
 package bench

@@ -1,0 +1,460 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+
+	"github.com/leasehold/leasehold/bench/internal/harness"
+)
+
+type bench struct {
+	c      config
+	sup    *harness.Supervisor
+	dir    string
+	worker string
+	rclBin string
+	srv    *harness.Server
+	lh     *harness.Database
+	rv     *harness.Database
+	seq    int
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s  %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+func (b *bench) run(ctx context.Context) (*result, error) {
+	var err error
+	if b.dir, err = os.MkdirTemp("", "leasehold-leasefailover-"); err != nil {
+		return nil, err
+	}
+	b.sup.LogDir = b.dir
+	defer func() {
+		b.sup.Stop()
+		if b.lh != nil {
+			b.lh.Drop()
+		}
+		if b.rv != nil {
+			b.rv.Drop()
+		}
+		if b.srv != nil {
+			b.srv.Stop()
+		}
+		if b.c.keep {
+			logf("logs kept in %s", b.dir)
+		} else {
+			os.RemoveAll(b.dir)
+		}
+	}()
+	logf("building leasehold-worker and riverclient")
+	bins, err := harness.Binaries(b.dir, b.c.binDir, "worker")
+	if err != nil {
+		return nil, err
+	}
+	b.worker = bins["worker"]
+	if b.c.river {
+		b.rclBin = filepath.Join(b.dir, "riverclient")
+		if err := harness.GoBuild(filepath.Join(harness.RepoRoot(), "bench", "cmd", "riverclient"), b.rclBin); err != nil {
+			return nil, err
+		}
+	}
+	if b.srv, err = harness.StartServer(ctx, b.c.durable); err != nil {
+		return nil, err
+	}
+	if b.lh, err = b.srv.CreateDatabase(ctx, "leasefailover"); err != nil {
+		return nil, err
+	}
+	r := &result{Machine: harness.Host(), Database: b.srv.Desc, Date: time.Now().UTC().Format(time.RFC3339), Runs: b.c.runs,
+		Timings:   "defaults on both sides: leasehold shard/singleton TTL 15 s, renew 5 s, tick 1 s; River elect interval 5 s (+0-1 s jitter), leader TTL 15 s (River's defaults, not configurable through river.Config)",
+		Leasehold: map[string]*scenarioResult{}, River: map[string]*scenarioResult{}}
+	if b.c.river {
+		if b.rv, err = b.srv.CreateDatabase(ctx, "river"); err != nil {
+			return nil, err
+		}
+		migrator, err := rivermigrate.New(riverpgxv5.New(b.rv.Pool), &rivermigrate.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			return nil, err
+		}
+		if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+			return nil, fmt.Errorf("river migrate: %w", err)
+		}
+	}
+	for _, s := range b.c.scenarios {
+		sr, err := b.leasehold(ctx, s)
+		if err != nil {
+			return nil, fmt.Errorf("leasehold %s: %w", s, err)
+		}
+		r.Leasehold[s] = sr
+		if b.c.river && s != "pause" {
+			rr, err := b.riverScenario(ctx, s)
+			if err != nil {
+				return nil, fmt.Errorf("river %s: %w", s, err)
+			}
+			r.River[s] = rr
+		}
+	}
+	for _, m := range b.c.members {
+		lr, err := b.load(ctx, m)
+		if err != nil {
+			return nil, fmt.Errorf("load %d: %w", m, err)
+		}
+		r.Load = append(r.Load, lr)
+	}
+	r.judge()
+	return r, nil
+}
+
+// ---- leasehold ----
+
+func (b *bench) startWorker(ctx context.Context) (*harness.Proc, string, error) {
+	b.seq++
+	id := fmt.Sprintf("w%d", b.seq)
+	p, err := b.sup.Start(id, b.worker, nil, "--database-url", b.lh.URL, "--http-addr", harness.FreeAddr(), "--id", id,
+		"--log-format", "text", "--log-level", "warn")
+	if err != nil {
+		return nil, "", err
+	}
+	return p, id, p.WaitReady(ctx, 60*time.Second)
+}
+
+func (b *bench) held(ctx context.Context, owner string) (map[string]bool, error) {
+	rows, err := b.lh.Pool.Query(ctx, `SELECT name /*bench*/ FROM leases WHERE owner = $1 AND expires_at > compute_now()`, owner)
+	if err != nil {
+		return nil, err
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	m := map[string]bool{}
+	for _, n := range names {
+		m[n] = true
+	}
+	return m, err
+}
+
+func shards(m map[string]bool) int {
+	k := 0
+	for n := range m {
+		if strings.HasPrefix(n, "shard:") {
+			k++
+		}
+	}
+	return k
+}
+
+// settle waits until a and b between them hold every live lease and the
+// split has not changed for 2 s.
+func (b *bench) settle(ctx context.Context, a, peer string) (map[string]bool, error) {
+	deadline := time.Now().Add(45 * time.Second)
+	var last string
+	stableSince := time.Now()
+	for time.Now().Before(deadline) {
+		ha, err := b.held(ctx, a)
+		if err != nil {
+			return nil, err
+		}
+		hb, err := b.held(ctx, peer)
+		if err != nil {
+			return nil, err
+		}
+		key := fmt.Sprintf("%d/%d", len(ha), len(hb))
+		if key != last {
+			last, stableSince = key, time.Now()
+		}
+		if shards(ha)+shards(hb) == 256 && len(hb) > 0 && time.Since(stableSince) > 2*time.Second {
+			return ha, nil
+		}
+		if err := sleep(ctx, 250*time.Millisecond); err != nil {
+			return nil, err
+		}
+	}
+	return nil, fmt.Errorf("workers %s and %s did not settle (last split %s)", a, peer, last)
+}
+
+func (b *bench) leasehold(ctx context.Context, scenario string) (*scenarioResult, error) {
+	logf("leasehold %s: %d runs", scenario, b.c.runs)
+	holder, hid, err := b.startWorker(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// The first worker alone takes all 256 shards and every singleton.
+	if err := waitFor(ctx, 60*time.Second, func() bool { h, _ := b.held(ctx, hid); return shards(h) == 256 }); err != nil {
+		return nil, fmt.Errorf("first worker never held 256 shards: %w", err)
+	}
+	sr := &scenarioResult{}
+	for i := range b.c.runs {
+		peer, pid, err := b.startWorker(ctx)
+		if err != nil {
+			return nil, err
+		}
+		victimHeld, err := b.settle(ctx, hid, pid)
+		if err != nil {
+			return nil, err
+		}
+		sr.LeasesMoved = append(sr.LeasesMoved, len(victimHeld))
+		sig := map[string]syscall.Signal{"crash": syscall.SIGKILL, "pause": syscall.SIGSTOP, "sigterm": syscall.SIGTERM}[scenario]
+		t0 := time.Now()
+		if err := holder.Signal(sig); err != nil {
+			return nil, err
+		}
+		var took time.Duration
+		err = waitForFast(ctx, 60*time.Second, func() bool {
+			h, err := b.held(ctx, pid)
+			if err != nil {
+				return false
+			}
+			for n := range victimHeld {
+				if !h[n] {
+					return false
+				}
+			}
+			took = time.Since(t0)
+			return true
+		})
+		if err != nil {
+			return nil, fmt.Errorf("run %d: %s never took %d leases over: %w", i+1, pid, len(victimHeld), err)
+		}
+		sr.Takeovers = append(sr.Takeovers, took)
+		logf("leasehold %s run %d/%d: %s held %d leases (%d shards) of %s after %s", scenario, i+1, b.c.runs, pid,
+			len(victimHeld), shards(victimHeld), hid, took.Round(time.Millisecond))
+		switch scenario {
+		case "crash":
+			// Bench hygiene: forget the dead member at once instead of the
+			// 10 min the janitor waits, so every run starts alike.
+			if _, err := b.lh.Pool.Exec(ctx, `DELETE FROM workers WHERE id = $1 /*bench*/`, hid); err != nil {
+				return nil, err
+			}
+		case "pause":
+			_ = holder.Signal(syscall.SIGCONT)
+			_ = holder.Signal(syscall.SIGTERM)
+			if _, ok := holder.Wait(60 * time.Second); !ok {
+				holder.Kill()
+			}
+		case "sigterm":
+			if code, ok := holder.Wait(60 * time.Second); !ok || code != 0 {
+				sr.BadExits++
+			}
+		}
+		holder, hid = peer, pid
+	}
+	_ = holder.Signal(syscall.SIGTERM)
+	if _, ok := holder.Wait(60 * time.Second); !ok {
+		holder.Kill()
+	}
+	if _, err := b.lh.Pool.Exec(ctx, `DELETE FROM workers /*bench*/`); err != nil {
+		return nil, err
+	}
+	sr.Dist = harness.Summarize(sr.Takeovers)
+	return sr, nil
+}
+
+// ---- River ----
+
+type riverProc struct {
+	p      *harness.Proc
+	id     string
+	leader chan time.Time
+	start  chan struct{}
+}
+
+func (b *bench) startRiver(ctx context.Context, mode string) (*riverProc, error) {
+	b.seq++
+	rp := &riverProc{id: fmt.Sprintf("river-%d", b.seq), leader: make(chan time.Time, 1), start: make(chan struct{})}
+	var once sync.Once
+	p, err := b.sup.StartLines(rp.id, b.rclBin, nil, func(line string) {
+		if ns, ok := strings.CutPrefix(line, "LEADER "); ok {
+			n, _ := strconv.ParseInt(ns, 10, 64)
+			select {
+			case rp.leader <- time.Unix(0, n):
+			default:
+			}
+		}
+		if line == "STARTED" {
+			once.Do(func() { close(rp.start) })
+		}
+	}, "-database-url", b.rv.URL, "-id", rp.id, "-mode", mode)
+	if err != nil {
+		return nil, err
+	}
+	rp.p = p
+	select {
+	case <-rp.start:
+		return rp, nil
+	case <-p.Done():
+		return nil, fmt.Errorf("riverclient exited: %s", p.Tail())
+	case <-time.After(30 * time.Second):
+		return nil, errors.New("riverclient did not start")
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (b *bench) riverLeader(ctx context.Context) string {
+	var id string
+	_ = b.rv.Pool.QueryRow(ctx, `SELECT leader_id /*bench*/ FROM river_leader WHERE expires_at > now()`).Scan(&id)
+	return id
+}
+
+func (b *bench) riverScenario(ctx context.Context, scenario string) (*scenarioResult, error) {
+	logf("river %s: %d runs", scenario, b.c.runs)
+	leader, err := b.startRiver(ctx, "leader")
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-leader.leader:
+	case <-time.After(60 * time.Second):
+		return nil, errors.New("first River client never became leader")
+	}
+	sr := &scenarioResult{}
+	for i := range b.c.runs {
+		peer, err := b.startRiver(ctx, "leader")
+		if err != nil {
+			return nil, err
+		}
+		// Let the follower run its first election attempts (and lose).
+		if err := sleep(ctx, 2*time.Second); err != nil {
+			return nil, err
+		}
+		if got := b.riverLeader(ctx); got != leader.id {
+			return nil, fmt.Errorf("leader is %q, want %s", got, leader.id)
+		}
+		sig := map[string]syscall.Signal{"crash": syscall.SIGKILL, "sigterm": syscall.SIGTERM}[scenario]
+		t0 := time.Now()
+		if err := leader.p.Signal(sig); err != nil {
+			return nil, err
+		}
+		rowCh := make(chan time.Duration, 1)
+		go func() {
+			_ = waitForFast(ctx, 60*time.Second, func() bool {
+				if b.riverLeader(ctx) == peer.id {
+					rowCh <- time.Since(t0)
+					return true
+				}
+				return false
+			})
+		}()
+		select {
+		case at := <-peer.leader:
+			sr.Takeovers = append(sr.Takeovers, at.Sub(t0))
+			logf("river %s run %d/%d: %s leader-only work started %s after the %s", scenario, i+1, b.c.runs, peer.id,
+				at.Sub(t0).Round(time.Millisecond), scenario)
+		case <-time.After(60 * time.Second):
+			return nil, fmt.Errorf("run %d: survivor never became leader", i+1)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		select {
+		case d := <-rowCh:
+			sr.RowTakeovers = append(sr.RowTakeovers, d)
+		case <-time.After(5 * time.Second):
+		}
+		if code, ok := leader.p.Wait(30 * time.Second); scenario == "sigterm" && (!ok || code != 0) {
+			sr.BadExits++
+		}
+		leader = peer
+	}
+	_ = leader.p.Signal(syscall.SIGTERM)
+	leader.p.Wait(30 * time.Second)
+	sr.Dist = harness.Summarize(sr.Takeovers)
+	sr.RowDist = harness.Summarize(sr.RowTakeovers)
+	return sr, nil
+}
+
+// ---- coordination load ----
+
+func (b *bench) load(ctx context.Context, members int) (loadResult, error) {
+	logf("coordination load: %d members", members)
+	var procs []*harness.Proc
+	defer func() {
+		for _, p := range procs {
+			_ = p.Signal(syscall.SIGTERM)
+		}
+		for _, p := range procs {
+			if _, ok := p.Wait(60 * time.Second); !ok {
+				p.Kill()
+			}
+		}
+		_, _ = b.lh.Pool.Exec(context.Background(), `DELETE FROM workers /*bench*/`)
+	}()
+	for range members {
+		b.seq++
+		id := fmt.Sprintf("w%d", b.seq)
+		p, err := b.sup.Start(id, b.worker, nil, "--database-url", b.lh.URL, "--http-addr", harness.FreeAddr(), "--id", id,
+			"--log-format", "text", "--log-level", "warn", "--db-max-conns", "4")
+		if err != nil {
+			return loadResult{}, err
+		}
+		procs = append(procs, p)
+	}
+	for _, p := range procs {
+		if err := p.WaitReady(ctx, 120*time.Second); err != nil {
+			return loadResult{}, err
+		}
+	}
+	if err := sleep(ctx, b.c.loadSettle); err != nil {
+		return loadResult{}, err
+	}
+	if err := b.lh.ResetStatements(ctx); err != nil {
+		return loadResult{}, err
+	}
+	x0, _ := b.lh.Xacts(ctx)
+	t0 := time.Now()
+	if err := sleep(ctx, b.c.loadWindow); err != nil {
+		return loadResult{}, err
+	}
+	st, err := b.lh.Statements(ctx)
+	if err != nil {
+		return loadResult{}, err
+	}
+	x1, _ := b.lh.Xacts(ctx)
+	el := time.Since(t0).Seconds()
+	var live int
+	_ = b.lh.Pool.QueryRow(ctx, `SELECT count(*) /*bench*/ FROM leases WHERE expires_at > compute_now() AND name LIKE 'shard:%'`).Scan(&live)
+	lr := loadResult{Members: members, Window: el, Statements: st, StatementsPerSec: float64(st) / el,
+		PerMember: float64(st) / el / float64(members), XactsPerSec: float64(x1-x0) / el, ShardsHeld: live}
+	logf("  %d members: %.1f statements/s (%.2f per member), %.1f xact/s", members, lr.StatementsPerSec, lr.PerMember, lr.XactsPerSec)
+	return lr, nil
+}
+
+func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) error {
+	return poll(ctx, timeout, 100*time.Millisecond, cond)
+}
+
+func waitForFast(ctx context.Context, timeout time.Duration, cond func() bool) error {
+	return poll(ctx, timeout, 10*time.Millisecond, cond)
+}
+
+func poll(ctx context.Context, timeout, every time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return errors.New("timed out")
+		}
+		if err := sleep(ctx, every); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}

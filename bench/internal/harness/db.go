@@ -1,0 +1,195 @@
+package harness
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leasehold/leasehold/migrations"
+	"github.com/leasehold/leasehold/pkg/nodeauth"
+	"github.com/leasehold/leasehold/pkg/pglocal"
+)
+
+// Server is a PostgreSQL server the bench may create databases on: a
+// throwaway pglocal cluster, or the one named by LEASEHOLD_DATABASE_URL.
+type Server struct {
+	// AdminURL reaches a database to run CREATE DATABASE from.
+	AdminURL string
+	// Desc says what the server is, for the report.
+	Desc    string
+	cluster *pglocal.Cluster
+}
+
+// StartServer starts a local cluster (durable: fsync and synchronous commit
+// on) unless LEASEHOLD_DATABASE_URL is set.
+func StartServer(ctx context.Context, durable bool) (*Server, error) {
+	if u := os.Getenv("LEASEHOLD_DATABASE_URL"); u != "" {
+		return &Server{AdminURL: u, Desc: "LEASEHOLD_DATABASE_URL"}, nil
+	}
+	dir, err := os.MkdirTemp("", "leasehold-bench-pg-")
+	if err != nil {
+		return nil, err
+	}
+	c, err := pglocal.New(ctx, pglocal.Options{Dir: dir, Durable: durable, Settings: map[string]string{
+		"max_connections": "1000", "pg_stat_statements.max": "10000"}})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	if err := c.Start(ctx); err != nil {
+		_ = c.Remove(context.Background())
+		return nil, err
+	}
+	var version string
+	if conn, err := pgx.Connect(ctx, c.URL("postgres")); err == nil {
+		_ = conn.QueryRow(ctx, "SHOW server_version").Scan(&version)
+		conn.Close(ctx)
+	}
+	desc := fmt.Sprintf("local PostgreSQL %s (pglocal, durable=%v)", version, durable)
+	return &Server{AdminURL: c.URL("postgres"), Desc: desc, cluster: c}, nil
+}
+
+// Stop removes a local cluster; a server from the environment is left alone.
+func (s *Server) Stop() {
+	if s.cluster != nil {
+		_ = s.cluster.Remove(context.Background())
+	}
+}
+
+// Database is a fresh, migrated database.
+type Database struct {
+	Name string
+	URL  string
+	Pool *pgxpool.Pool
+	srv  *Server
+}
+
+// CreateDatabase creates and migrates a fresh database with
+// pg_stat_statements installed.
+func (s *Server) CreateDatabase(ctx context.Context, prefix string) (*Database, error) {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := prefix + "_" + hex.EncodeToString(b)
+	admin, err := pgx.Connect(ctx, s.AdminURL)
+	if err != nil {
+		return nil, fmt.Errorf("connect admin: %w", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return nil, fmt.Errorf("create database: %w", err)
+	}
+	u, err := url.Parse(s.AdminURL)
+	if err != nil {
+		return nil, err
+	}
+	u.Path = "/" + name
+	d := &Database{Name: name, URL: u.String(), srv: s}
+	if _, err := migrations.UpURL(ctx, d.URL, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	cfg, err := pgxpool.ParseConfig(d.URL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = 16
+	if d.Pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		return nil, err
+	}
+	if _, err := d.Pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+		fmt.Fprintf(os.Stderr, "note: pg_stat_statements unavailable: %v\n", err)
+	}
+	return d, nil
+}
+
+// Drop closes the pool and drops the database.
+func (d *Database) Drop() {
+	d.Pool.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if admin, err := pgx.Connect(ctx, d.srv.AdminURL); err == nil {
+		_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{d.Name}.Sanitize()+" WITH (FORCE)")
+		admin.Close(ctx)
+	}
+}
+
+// Xacts returns xact_commit + xact_rollback of the database.
+func (d *Database) Xacts(ctx context.Context) (int64, error) {
+	var n int64
+	err := d.Pool.QueryRow(ctx, `SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()`).Scan(&n)
+	return n, err
+}
+
+// ResetStatements resets pg_stat_statements.
+func (d *Database) ResetStatements(ctx context.Context) error {
+	_, err := d.Pool.Exec(ctx, "SELECT pg_stat_statements_reset()")
+	return err
+}
+
+// Statements returns the calls pg_stat_statements counted in this database
+// since the last reset, leaving out the bench's own monitoring queries.
+func (d *Database) Statements(ctx context.Context) (int64, error) {
+	var n int64
+	err := d.Pool.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements s
+		JOIN pg_database db ON db.oid = s.dbid
+		WHERE db.datname = current_database() AND s.query NOT LIKE '%pg_stat_%' AND s.query NOT LIKE '%/*bench*/%'`).Scan(&n)
+	return n, err
+}
+
+// RegisterNodes inserts n nodes named prefix-<i> with fresh credentials.
+func RegisterNodes(ctx context.Context, db *pgxpool.Pool, prefix string, n int) (ids, creds []string, err error) {
+	hashes := make([][]byte, n)
+	for i := range n {
+		c, err := nodeauth.NewCredential()
+		if err != nil {
+			return nil, nil, err
+		}
+		ids = append(ids, fmt.Sprintf("%s-%d", prefix, i))
+		creds = append(creds, c)
+		hashes[i] = nodeauth.Hash(c)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO nodes (id) SELECT unnest($1::text[])`, ids); err != nil {
+		return nil, nil, fmt.Errorf("register nodes: %w", err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO node_credentials (node_id, credential_hash) SELECT * FROM unnest($1::text[], $2::bytea[])`, ids, hashes); err != nil {
+		return nil, nil, fmt.Errorf("register credentials: %w", err)
+	}
+	return ids, creds, nil
+}
+
+// FreeAddr returns a free loopback address.
+func FreeAddr() string {
+	port, err := pglocal.FreePort()
+	if err != nil {
+		panic(err)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", port)
+}
+
+// Host returns a short description of the machine.
+func Host() string {
+	cpus := "?"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		cpus = fmt.Sprint(strings.Count(string(b), "processor\t:"))
+	}
+	mem := "?"
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		var kb int64
+		fmt.Sscanf(strings.SplitN(string(b), "\n", 2)[0], "MemTotal: %d kB", &kb)
+		mem = fmt.Sprintf("%.0f GiB", float64(kb)/(1<<20))
+	}
+	load := ""
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		load = strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	return fmt.Sprintf("%s cores, %s, load %s", cpus, mem, load)
+}
