@@ -3,22 +3,19 @@ package doctor_test
 import (
 	"bytes"
 	"context"
-	"fmt"
-	"net"
 	"net/url"
-	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/leasehold/leasehold/pkg/coord"
+	"github.com/leasehold/leasehold/pkg/pgbouncer"
 	"github.com/leasehold/leasehold/pkg/pglocal"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 	"github.com/leasehold/leasehold/services/doctor/internal/doctor"
@@ -111,74 +108,23 @@ func TestPoolingThroughPgBouncerTransactionMode(t *testing.T) {
 }
 
 // startPgBouncer runs a real PgBouncer in transaction mode in front of the
-// test server and returns dbURL rewritten to go through it.
+// test server (pkg/pgbouncer) and returns dbURL rewritten to go through it.
 func startPgBouncer(t *testing.T, dbURL string) string {
 	t.Helper()
-	bin, err := exec.LookPath("pgbouncer")
-	if err != nil {
-		if _, statErr := os.Stat("/usr/sbin/pgbouncer"); statErr != nil {
-			t.Skip("pgbouncer binary not found (apt-get install pgbouncer): skipping the transaction-pooler test")
-		}
-		bin = "/usr/sbin/pgbouncer"
+	if _, err := pgbouncer.Binary(); err != nil {
+		t.Skip("pgbouncer binary not found (apt-get install pgbouncer): skipping the transaction-pooler test")
 	}
 	u, err := url.Parse(dbURL)
 	require.NoError(t, err)
-	pw, _ := u.User.Password()
-	serverHost, serverPort, err := net.SplitHostPort(u.Host)
+	port, err := strconv.Atoi(u.Port())
 	require.NoError(t, err)
-	port, err := pglocal.FreePort()
-	require.NoError(t, err)
-
-	dir, err := os.MkdirTemp("", "doctor-pgbouncer-")
-	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	ini := fmt.Sprintf(`[databases]
-* = host=%s port=%s user=%s password=%s
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = %d
-unix_socket_dir =
-auth_type = trust
-auth_file = %s
-pool_mode = transaction
-default_pool_size = 5
-max_client_conn = 100
-ignore_startup_parameters = extra_float_digits
-server_tls_sslmode = disable
-`, serverHost, serverPort, u.User.Username(), pw, port, filepath.Join(dir, "userlist.txt"))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "pgbouncer.ini"), []byte(ini), 0o600))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "userlist.txt"), []byte(fmt.Sprintf("%q %q\n", u.User.Username(), pw)), 0o600))
-
-	cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
-	logs := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if os.Geteuid() == 0 {
-		// PgBouncer refuses to run as root.
-		pg, err := user.Lookup("postgres")
-		if err != nil {
-			t.Skip("running as root and no postgres user to run pgbouncer as")
-		}
-		uid, _ := strconv.Atoi(pg.Uid)
-		gid, _ := strconv.Atoi(pg.Gid)
-		for _, p := range []string{dir, filepath.Join(dir, "pgbouncer.ini"), filepath.Join(dir, "userlist.txt")} {
-			require.NoError(t, os.Chown(p, uid, gid))
-		}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
-	}
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("pgbouncer output:\n%s", logs.String())
-		}
+	password, _ := u.User.Password()
+	b, err := pgbouncer.Start(context.Background(), pgbouncer.Options{
+		ServerHost: u.Hostname(), ServerPort: port, User: u.User.Username(), Password: password, PoolSize: 5,
 	})
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	if err := pglocal.WaitTCP(addr, 15*time.Second); err != nil {
-		t.Fatalf("pgbouncer did not listen on %s: %v\n%s", addr, err, logs.String())
-	}
-	return fixture.WithHostPort(dbURL, addr)
+	require.NoError(t, err)
+	t.Cleanup(b.Stop)
+	return b.URL(strings.TrimPrefix(u.Path, "/"))
 }
 
 // TestReplicationAsynchronousStandby streams WAL to pg_receivewal, a real
