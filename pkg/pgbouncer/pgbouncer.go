@@ -18,7 +18,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -120,7 +119,7 @@ func Start(ctx context.Context, opts Options) (*Bouncer, error) {
 	// with it rather than leaving it listening.
 	b.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if os.Geteuid() == 0 {
-		cred, err := unprivileged()
+		cred, err := pglocal.ServerCredential()
 		if err != nil {
 			os.RemoveAll(dir)
 			return nil, err
@@ -231,19 +230,6 @@ func (b *Bouncer) Stop() {
 		<-b.done
 	}
 	os.RemoveAll(b.dir)
-}
-
-func unprivileged() (*syscall.Credential, error) {
-	for _, name := range []string{"postgres", "nobody"} {
-		u, err := user.Lookup(name)
-		if err != nil {
-			continue
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-	}
-	return nil, errors.New("pgbouncer: running as root and no unprivileged user (postgres, nobody) to run it as")
 }
 
 type syncBuffer struct {

@@ -86,7 +86,7 @@ func New(ctx context.Context, opts Options) (*Cluster, error) {
 	opts.Dir = dir
 	c := &Cluster{opts: opts, binDir: bin}
 	if os.Geteuid() == 0 {
-		if c.cred, err = serverCredential(); err != nil {
+		if c.cred, err = ServerCredential(); err != nil {
 			return nil, err
 		}
 	}
@@ -129,7 +129,10 @@ func (c *Cluster) savedPort() int {
 	return n
 }
 
-func serverCredential() (*syscall.Credential, error) {
+// ServerCredential returns the unprivileged user ("postgres", else "nobody")
+// that PostgreSQL and PgBouncer run as when this process is root: both
+// refuse to run as root.
+func ServerCredential() (*syscall.Credential, error) {
 	for _, name := range []string{"postgres", "nobody"} {
 		u, err := user.Lookup(name)
 		if err != nil {
