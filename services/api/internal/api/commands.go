@@ -173,11 +173,7 @@ func (h *Handler) ListCommands(ctx context.Context, req *connect.Request[control
 	if err != nil {
 		return nil, err
 	}
-	var afterAt *time.Time
-	if after.ID != "" {
-		t := after.time()
-		afterAt = &t
-	}
+	afterAt := after.after()
 	size := pageSize(m.GetPageSize())
 	rows, err := h.db.Query(ctx, listCommandsSQL, afterAt, after.ID, m.GetNodeId(), dbName(commandStates, m.GetState()), size+1)
 	if err != nil {

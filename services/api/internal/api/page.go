@@ -37,3 +37,13 @@ func decodePage(method, token string) (pageKey, error) {
 }
 
 func (k pageKey) time() time.Time { return time.UnixMicro(k.At) }
+
+// after returns the time of the last row of the previous page, or nil on
+// the first page: the keyset bound of newest-first lists.
+func (k pageKey) after() *time.Time {
+	if k.ID == "" {
+		return nil
+	}
+	t := k.time()
+	return &t
+}

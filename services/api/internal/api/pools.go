@@ -176,11 +176,7 @@ func (h *Handler) ListPoolLeases(ctx context.Context, req *connect.Request[contr
 	if err != nil {
 		return nil, err
 	}
-	var afterAt *time.Time
-	if after.ID != "" {
-		t := after.time()
-		afterAt = &t
-	}
+	afterAt := after.after()
 	size := pageSize(m.GetPageSize())
 	rows, err := h.db.Query(ctx, listPoolLeasesSQL, afterAt, after.ID, m.GetPoolId(), m.GetTenant(), dbName(poolLeaseStates, m.GetState()), size+1)
 	if err != nil {
