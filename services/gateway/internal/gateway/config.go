@@ -47,6 +47,10 @@ type Config struct {
 	// NodeSpecUpdate.
 	SpecPoll time.Duration
 
+	// HelloTimeout closes a stream whose first message has not arrived in
+	// time, so idle dials cannot hold stream slots.
+	HelloTimeout time.Duration
+
 	// DrainMaxDelay bounds the random Drain delay sent on SIGTERM; the
 	// gateway waits at most DrainMaxDelay plus DrainGrace for streams to go.
 	DrainMaxDelay, DrainGrace time.Duration
@@ -72,6 +76,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.DispatchBatch, "gateway.dispatch-batch", 500, "commands taken per dispatch transaction")
 	fs.DurationVar(&c.SpecPoll, "gateway.spec-poll", 2*time.Second, "node spec poll interval (NOTIFY pushes a changed spec earlier)")
 	fs.DurationVar(&c.DrainMaxDelay, "gateway.drain-max-delay", 60*time.Second, "upper bound of the random Drain delay sent on SIGTERM")
+	fs.DurationVar(&c.HelloTimeout, "gateway.hello-timeout", 10*time.Second, "close a stream whose Hello has not arrived within this long")
 	fs.DurationVar(&c.DrainGrace, "gateway.drain-grace", 5*time.Second, "extra wait after the drain delay before closing the remaining streams")
 }
 
@@ -135,6 +140,9 @@ func (c *Config) Validate() error {
 	}
 	if c.DispatchBatch < 1 || c.DispatchBatch > 10000 {
 		errs = append(errs, fmt.Errorf("--gateway.dispatch-batch %d must be in 1..10000", c.DispatchBatch))
+	}
+	if c.HelloTimeout < 10*time.Millisecond {
+		errs = append(errs, fmt.Errorf("--gateway.hello-timeout %s must be at least 10ms", c.HelloTimeout))
 	}
 	if c.DrainMaxDelay < 0 || c.DrainGrace < 0 {
 		errs = append(errs, fmt.Errorf("--gateway.drain-max-delay %s and --gateway.drain-grace %s must not be negative", c.DrainMaxDelay, c.DrainGrace))

@@ -199,3 +199,21 @@ func TestZombieSessionClosedWhenNodeSaysHelloElsewhere(t *testing.T) {
 	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT dispatched_by FROM commands WHERE id = $1`, id).Scan(&by))
 	require.Equal(t, g2.ID(), by)
 }
+
+// TestStreamWithoutHelloIsClosed: a dial that opens a stream and never says
+// Hello is closed DeadlineExceeded after the hello timeout, so idle dials
+// cannot hold stream slots; nothing is written.
+func TestStreamWithoutHelloIsClosed(t *testing.T) {
+	db := pgtest.NewDB(t)
+	cfg := testConfig()
+	cfg.HelloTimeout = 300 * time.Millisecond
+	g := startGateway(t, db, cfg)
+	before := fingerprint(t, db)
+	s := dialRaw(t, g.Addr())
+	require.NoError(t, s.stream.Send(nil)) // headers only: the stream is open, no message
+	start := time.Now()
+	require.Equal(t, connect.CodeDeadlineExceeded, s.recvUntilErr(t, 5*time.Second))
+	require.Less(t, time.Since(start), 3*time.Second)
+	require.Equal(t, before, fingerprint(t, db))
+	require.Eventually(t, func() bool { return g.streams.Load() == 0 }, 5*time.Second, 10*time.Millisecond, "the slot is freed")
+}

@@ -42,6 +42,32 @@ const (
 	maxCredentialSz = nodeauth.MaxCredentialLen
 )
 
+// receiveHello waits at most HelloTimeout for the stream's first message.
+// On a timeout the handler returns, which ends the stream and with it the
+// blocked Receive.
+func (g *Gateway) receiveHello(stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse]) (*nodev1.ConnectRequest, error) {
+	type received struct {
+		msg *nodev1.ConnectRequest
+		err error
+	}
+	ch := make(chan received, 1)
+	go func() {
+		m, err := stream.Receive()
+		ch <- received{m, err}
+	}()
+	t := g.clock.NewTimer(g.cfg.HelloTimeout)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, receiveError(r.err)
+		}
+		return r.msg, nil
+	case <-t.Chan():
+		return nil, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("no Hello within %s", g.cfg.HelloTimeout))
+	}
+}
+
 // Connect serves one node stream (nodev1connect.NodeGatewayServiceHandler).
 func (g *Gateway) Connect(ctx context.Context, stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse]) error {
 	n := g.streams.Add(1)
@@ -59,10 +85,10 @@ func (g *Gateway) Connect(ctx context.Context, stream *connect.BidiStream[nodev1
 		return g.pushback(stream, "max-streams", 5*time.Second+rand.N(5*time.Second), connect.CodeResourceExhausted)
 	}
 
-	first, err := stream.Receive()
+	first, err := g.receiveHello(stream)
 	if err != nil {
 		g.m.hellos.WithLabelValues("refused").Inc()
-		return receiveError(err)
+		return err
 	}
 	hello := first.GetHello()
 	if hello == nil {
