@@ -176,7 +176,7 @@ func (b *bench) settle(ctx context.Context, a, peer string) (map[string]bool, er
 		if shards(ha)+shards(hb) == 256 && len(hb) > 0 && time.Since(stableSince) > 2*time.Second {
 			return ha, nil
 		}
-		if err := sleep(ctx, 250*time.Millisecond); err != nil {
+		if err := harness.Sleep(ctx, 250*time.Millisecond); err != nil {
 			return nil, err
 		}
 	}
@@ -325,7 +325,7 @@ func (b *bench) riverScenario(ctx context.Context, scenario string) (*scenarioRe
 			return nil, err
 		}
 		// Let the follower run its first election attempts (and lose).
-		if err := sleep(ctx, 2*time.Second); err != nil {
+		if err := harness.Sleep(ctx, 2*time.Second); err != nil {
 			return nil, err
 		}
 		if got := b.riverLeader(ctx); got != leader.id {
@@ -404,7 +404,7 @@ func (b *bench) load(ctx context.Context, members int) (loadResult, error) {
 			return loadResult{}, err
 		}
 	}
-	if err := sleep(ctx, b.c.loadSettle); err != nil {
+	if err := harness.Sleep(ctx, b.c.loadSettle); err != nil {
 		return loadResult{}, err
 	}
 	if err := b.lh.ResetStatements(ctx); err != nil {
@@ -412,7 +412,7 @@ func (b *bench) load(ctx context.Context, members int) (loadResult, error) {
 	}
 	x0, _ := b.lh.Xacts(ctx)
 	t0 := time.Now()
-	if err := sleep(ctx, b.c.loadWindow); err != nil {
+	if err := harness.Sleep(ctx, b.c.loadWindow); err != nil {
 		return loadResult{}, err
 	}
 	st, err := b.lh.Statements(ctx)
@@ -430,31 +430,9 @@ func (b *bench) load(ctx context.Context, members int) (loadResult, error) {
 }
 
 func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) error {
-	return poll(ctx, timeout, 100*time.Millisecond, cond)
+	return harness.Poll(ctx, timeout, 100*time.Millisecond, cond)
 }
 
 func waitForFast(ctx context.Context, timeout time.Duration, cond func() bool) error {
-	return poll(ctx, timeout, 10*time.Millisecond, cond)
-}
-
-func poll(ctx context.Context, timeout, every time.Duration, cond func() bool) error {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return errors.New("timed out")
-		}
-		if err := sleep(ctx, every); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(d):
-		return nil
-	}
+	return harness.Poll(ctx, timeout, 10*time.Millisecond, cond)
 }

@@ -2,11 +2,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -122,7 +120,7 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 	defer func() { stopSmp(); <-smpDone }()
 
 	logf("steady state for %s (%s, %.0f commands/s via %s)", c.warmup, c.timings, c.rate, r.Producer)
-	if err := sleep(ctx, c.warmup); err != nil {
+	if err := harness.Sleep(ctx, c.warmup); err != nil {
 		return nil, err
 	}
 
@@ -288,37 +286,13 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 }
 
 func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) error {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return errors.New("timed out")
-		}
-		if err := sleep(ctx, 200*time.Millisecond); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(d):
-		return nil
-	}
+	return harness.Poll(ctx, timeout, 200*time.Millisecond, cond)
 }
 
 // startSiteAgents runs n services/site-agent processes as nodes of one
-// site (kind site_agent) through the balancer, on loopback ports only. The
-// site agent is still being built: when it does not come up, the demo says
-// so and goes on without it.
+// site (kind site_agent) through the balancer, on loopback ports only.
+// When they do not come up, the demo says so and goes on without them.
 func startSiteAgents(ctx context.Context, f *fleet.Fleet, n int, binDir string) {
-	help, _ := exec.Command("go", "run", filepath.Join(harness.RepoRoot(), "services", "site-agent"), "--help").CombinedOutput()
-	if !strings.Contains(string(help), "-gateway-url") {
-		logf("note: services/site-agent cannot connect to a gateway yet (no --gateway-url): the %d site agents are skipped", n)
-		return
-	}
 	bins, err := harness.Binaries(f.Dir, binDir, "site-agent")
 	if err != nil {
 		logf("note: site agents skipped: %v", err)
@@ -357,7 +331,7 @@ func startSiteAgents(ctx context.Context, f *fleet.Fleet, n int, binDir string) 
 			}
 		}
 		if err != nil {
-			logf("note: site agent %s did not come up (services/site-agent is still in progress); going on without site agents: %v", id, firstLine(err.Error()))
+			logf("note: site agent %s did not come up; going on without site agents: %v", id, firstLine(err.Error()))
 			if p != nil && !p.Exited() {
 				p.Kill()
 			}

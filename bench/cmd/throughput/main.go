@@ -315,9 +315,9 @@ func measure(ctx context.Context, c config, create func(context.Context) error, 
 			}
 		}()
 	}
-	_ = sleepCtx(ctx, c.warmup)
+	_ = harness.Sleep(ctx, c.warmup)
 	c0 := completed()
-	_ = sleepCtx(ctx, c.window)
+	_ = harness.Sleep(ctx, c.window)
 	c1 := completed()
 	stop()
 	wg.Wait()
@@ -345,25 +345,7 @@ func latencies(ctx context.Context, db *harness.Database, sql string) (harness.D
 }
 
 func poll(ctx context.Context, timeout time.Duration, cond func() bool) error {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("timed out after %s", timeout)
-		}
-		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(d):
-		return nil
-	}
+	return harness.Poll(ctx, timeout, 200*time.Millisecond, cond)
 }
 
 func (r *result) print(w io.Writer) {

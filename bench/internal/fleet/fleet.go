@@ -139,7 +139,7 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 		f.APIAddr = harness.FreeAddr()
 		if f.API, err = f.service(ctx, "api", "api-1", "--listen-addr", f.APIAddr, "--tokens-file", tokens,
 			"--api.default-command-timeout", "24h"); err != nil {
-			return f, fmt.Errorf("%w (the api may still be in progress: rerun with -producer sql)", err)
+			return f, fmt.Errorf("%w (rerun with -producer sql to create commands without the api)", err)
 		}
 	}
 	var backends []harness.Backend
