@@ -61,23 +61,25 @@ type Proc struct {
 	Cmd  *exec.Cmd
 	// HTTPAddr is the health address given with --http-addr, if any.
 	HTTPAddr string
-	logs     *syncBuffer
+	logs     *Buffer
 	done     chan struct{}
 	waitErr  error
 }
 
-type syncBuffer struct {
+// Buffer collects a process's or logger's output while a test reads it: a
+// bytes.Buffer safe for one writer and concurrent readers.
+type Buffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
+func (b *Buffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *syncBuffer) String() string {
+func (b *Buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
@@ -87,7 +89,7 @@ func (b *syncBuffer) String() string {
 // when the test ends if it is still running; its output is logged on failure.
 func Start(t testing.TB, name, bin string, env []string, args ...string) *Proc {
 	t.Helper()
-	p := &Proc{t: t, Name: name, logs: &syncBuffer{}, done: make(chan struct{})}
+	p := &Proc{t: t, Name: name, logs: &Buffer{}, done: make(chan struct{})}
 	for i, a := range args {
 		if a == "--http-addr" && i+1 < len(args) {
 			p.HTTPAddr = args[i+1]

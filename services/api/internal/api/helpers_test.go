@@ -1,7 +1,6 @@
 package api
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -21,6 +20,7 @@ import (
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1/controlv1connect"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/pgtest"
+	"github.com/leasehold/leasehold/pkg/proctest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -31,23 +31,6 @@ const (
 	viewerToken   = "viewer-token-2a7d9e4b1f"
 )
 
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // bundle is one test's api: a fresh database, the service on a real
 // loopback port, and generated clients for each role.
 type bundle struct {
@@ -56,7 +39,7 @@ type bundle struct {
 	svc      *Service
 	base     string
 	reg      *prometheus.Registry
-	logs     *syncBuffer
+	logs     *proctest.Buffer
 	http     *http.Client
 	admin    controlv1connect.ControlServiceClient
 	operator controlv1connect.ControlServiceClient
@@ -83,7 +66,7 @@ func setup(t *testing.T, opts ...func(*Config, *http.Transport)) *bundle {
 		o(&cfg, tr)
 	}
 	require.NoError(t, cfg.Validate())
-	logs := &syncBuffer{}
+	logs := &proctest.Buffer{}
 	reg := prometheus.NewRegistry()
 	svc, err := New(cfg, Deps{DB: db.Pool, Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Registry: reg})
 	require.NoError(t, err)

@@ -1,14 +1,12 @@
 package doctor_test
 
 import (
-	"bytes"
 	"context"
 	"net/url"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/leasehold/leasehold/pkg/pgbouncer"
 	"github.com/leasehold/leasehold/pkg/pglocal"
 	"github.com/leasehold/leasehold/pkg/pgtest"
+	"github.com/leasehold/leasehold/pkg/proctest"
 	"github.com/leasehold/leasehold/services/doctor/internal/doctor"
 	"github.com/leasehold/leasehold/services/doctor/internal/fixture"
 )
@@ -146,7 +145,7 @@ func TestReplicationAsynchronousStandby(t *testing.T) {
 	u.RawQuery = q.Encode()
 	dir := t.TempDir()
 	cmd := exec.Command(filepath.Join(binDir, "pg_receivewal"), "-D", dir, "-d", u.String(), "--no-loop")
-	logs := &syncBuffer{}
+	logs := &proctest.Buffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	require.NoError(t, cmd.Start())
 	defer func() {
@@ -168,22 +167,4 @@ func TestReplicationAsynchronousStandby(t *testing.T) {
 	f = b.check(t, doctor.CodeDBReplication)
 	requireFinding(t, f, doctor.SeverityWarn, "asynchronous standby only (1): a failover can lose recent commits")
 	requireEvidence(t, f, "standby", "doctor_test_receiver", "streaming async")
-}
-
-// syncBuffer collects a child process's output while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
