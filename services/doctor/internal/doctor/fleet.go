@@ -283,7 +283,7 @@ func checkSitesBoot(ctx context.Context, d *Doctor) (Finding, error) {
 		list         string
 	}
 	var sites []site
-	boot := map[string]leaseRow{}
+	var boot map[string]leaseRow
 	err := d.read(ctx, func(tx pgx.Tx) error {
 		r, err := tx.Query(ctx, siteAgentsSQL)
 		if err != nil {
@@ -295,13 +295,7 @@ func checkSitesBoot(ctx context.Context, d *Doctor) (Finding, error) {
 		}); err != nil {
 			return err
 		}
-		r, err = tx.Query(ctx, bootLeasesSQL)
-		if err != nil {
-			return err
-		}
-		var id string
-		var l leaseRow
-		_, err = pgx.ForEachRow(r, []any{&id, &l.owner, &l.epoch, &l.live, &l.left}, func() error { boot[id] = l; return nil })
+		boot, err = queryLeases(ctx, tx, bootLeasesSQL)
 		return err
 	})
 	if err != nil {

@@ -146,6 +146,22 @@ type leaseRow struct {
 	left *time.Duration
 }
 
+// queryLeases reads (key, owner, epoch, live, left) rows of sql into a map.
+func queryLeases(ctx context.Context, tx pgx.Tx, sql string) (map[string]leaseRow, error) {
+	rows, err := tx.Query(ctx, sql)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]leaseRow{}
+	var key string
+	var l leaseRow
+	_, err = pgx.ForEachRow(rows, []any{&key, &l.owner, &l.epoch, &l.live, &l.left}, func() error {
+		out[key] = l
+		return nil
+	})
+	return out, err
+}
+
 func (l leaseRow) String() string {
 	switch {
 	case l.live:
@@ -234,7 +250,7 @@ type memberRow struct {
 func checkMembership(ctx context.Context, d *Doctor) (Finding, error) {
 	groups := []coord.Group{coord.Controllers, coord.Scheduler}
 	var members []memberRow
-	leases := map[string]leaseRow{}
+	var leases map[string]leaseRow
 	err := d.read(ctx, func(tx pgx.Tx) error {
 		r, err := tx.Query(ctx, membersSQL, []string{coord.Controllers.Name, coord.Scheduler.Name})
 		if err != nil {
@@ -246,16 +262,7 @@ func checkMembership(ctx context.Context, d *Doctor) (Finding, error) {
 		}); err != nil {
 			return err
 		}
-		r, err = tx.Query(ctx, shardLeasesSQL)
-		if err != nil {
-			return err
-		}
-		var name string
-		var l leaseRow
-		_, err = pgx.ForEachRow(r, []any{&name, &l.owner, &l.epoch, &l.live, &l.left}, func() error {
-			leases[name] = l
-			return nil
-		})
+		leases, err = queryLeases(ctx, tx, shardLeasesSQL)
 		return err
 	})
 	if err != nil {
