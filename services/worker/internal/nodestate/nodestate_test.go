@@ -3,7 +3,6 @@ package nodestate
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -183,5 +182,4 @@ func TestScanEnqueuesOnlyDueNodes(t *testing.T) {
 	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.Equal(t, []string{"closed", "lost"}, keys)
-	_ = time.Second
 }
