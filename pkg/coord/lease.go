@@ -226,15 +226,20 @@ func (c *Client) Release(ctx context.Context, names ...string) ([]string, error)
 	if err != nil {
 		return nil, fmt.Errorf("release %d leases as %s: %w", len(names), c.owner, err)
 	}
-	released, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
-		var n string
-		var ignored any
-		return n, r.Scan(&n, &ignored)
-	})
+	released, err := collectReleased(rows)
 	if err != nil {
 		return nil, fmt.Errorf("release %d leases as %s: %w", len(names), c.owner, err)
 	}
 	return released, nil
+}
+
+// collectReleased reads the (name, pg_notify result) rows of a release.
+func collectReleased(rows pgx.Rows) ([]string, error) {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var n string
+		var ignored any
+		return n, r.Scan(&n, &ignored)
+	})
 }
 
 const releaseAllSQL = `
@@ -253,11 +258,7 @@ func (c *Client) releaseAll(ctx context.Context, q pgdb.Querier) ([]string, erro
 	if err != nil {
 		return nil, fmt.Errorf("release all leases of %s: %w", c.owner, err)
 	}
-	released, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
-		var n string
-		var ignored any
-		return n, r.Scan(&n, &ignored)
-	})
+	released, err := collectReleased(rows)
 	if err != nil {
 		return nil, fmt.Errorf("release all leases of %s: %w", c.owner, err)
 	}
