@@ -32,6 +32,7 @@ func main() {
 	flag.DurationVar(&c.drainDelay, "drain-max-delay", 60*time.Second, "gateways' --gateway.drain-max-delay")
 	flag.DurationVar(&c.lossGrace, "loss-grace", 10*time.Second, "worker's --nodes.gateway-loss-grace (default 120 s in production; shorter so a false unreachable mark would show within the run)")
 	flag.Float64Var(&c.helloRate, "hello-rate", 200, "gateways' --gateway.hello-rate (admission bucket)")
+	flag.IntVar(&c.streams, "max-streams", 0, "gateways' --gateway.max-streams (0: the default 5000, or what the survivors of one lost gateway need with 10% headroom when that is more)")
 	flag.StringVar(&c.timings, "timings", "real", "real (production durations) or fast (gateway lease 2 s, session lease 6 s, shard TTL 3 s)")
 	flag.StringVar(&c.jsonPath, "json", "", "write the result as JSON to this file")
 	flag.StringVar(&c.binDir, "bin", "", "use prebuilt leasehold-<service> binaries from this directory (default: build)")
@@ -67,7 +68,7 @@ func main() {
 
 type config struct {
 	scenario, producer, timings, jsonPath, binDir string
-	nodes, gateways, siteAgents                   int
+	nodes, gateways, siteAgents, streams          int
 	rate, helloRate                               float64
 	warmup, observe, maxWait, settle, pause       time.Duration
 	drainDelay, lossGrace                         time.Duration
@@ -89,5 +90,19 @@ func (c config) validate() error {
 	if c.nodes < 1 || c.gateways < 2 {
 		return fmt.Errorf("-nodes %d must be >= 1 and -gateways %d >= 2", c.nodes, c.gateways)
 	}
+	if c.streams < 0 {
+		return fmt.Errorf("-max-streams %d must be >= 0", c.streams)
+	}
 	return nil
+}
+
+// maxStreams is the gateways' --gateway.max-streams: as given, else the
+// default 5,000 unless the survivors of one lost gateway need more (the
+// fleet, spread over gateways-1, plus 10%: an operator sizes it the same).
+func (c config) maxStreams() int {
+	if c.streams > 0 {
+		return c.streams
+	}
+	need := c.nodes*11/10/(c.gateways-1) + 1
+	return max(5000, need)
 }

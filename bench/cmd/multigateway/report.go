@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -24,6 +25,7 @@ type result struct {
 	Producer    string  `json:"producer"`
 	RatePerSec  float64 `json:"commands_per_sec"`
 	HelloRate   float64 `json:"hello_rate_per_gateway"`
+	MaxStreams  int     `json:"max_streams_per_gateway"`
 	LossGrace   string  `json:"gateway_loss_grace"`
 
 	InitialConnect float64 `json:"initial_connect_s"`
@@ -43,6 +45,17 @@ type result struct {
 	// admission, bounds recovery.
 	RecoveryVsFloor float64 `json:"recovery_max_vs_max_limit_or_redial_window"`
 	GapVsLimit      float64 `json:"gap_max_vs_limit"`
+	// Detect is fault -> the node's first stream end (how fast a node
+	// learns its gateway is gone); Redials counts stream ends per re-homed
+	// node between the fault and its new Welcome (1 = no pushback).
+	Detect  harness.Dist `json:"detect_fault_to_stream_end"`
+	Redials struct {
+		Mean float64 `json:"mean"`
+		Max  int     `json:"max"`
+	} `json:"redials_per_rehomed_node"`
+	// Timeline counts Welcomes per survivor per 250 ms after the fault
+	// (first 10 s), to show whether admission ran at its rate throughout.
+	Timeline map[string][]int `json:"welcomes_per_250ms"`
 
 	PeakHellosPerSec    map[string]int `json:"peak_hellos_per_sec"`
 	PushbacksAfterFault int64          `json:"pushbacks_after_fault"`
@@ -50,6 +63,9 @@ type result struct {
 	XactSteady          float64        `json:"xact_per_sec_steady"`
 	XactAfter           float64        `json:"xact_per_sec_after_fault_mean"`
 	XactPeak            float64        `json:"xact_per_sec_after_fault_peak"`
+	// TopStatements are the statements run most often from the fault to
+	// the end of the observation.
+	TopStatements []harness.StatementCalls `json:"top_statements_after_fault"`
 
 	CommandsCreated   int64            `json:"commands_created"`
 	CreateErrors      int64            `json:"create_errors"`
@@ -181,7 +197,7 @@ func (r *result) print(w io.Writer) {
 	row := func(k, v string, args ...any) { fmt.Fprintf(w, "| %-38s | %s |\n", k, fmt.Sprintf(v, args...)) }
 	fmt.Fprintf(w, "\nmultigateway: scenario %s, %d nodes, %d gateways behind HAProxy (%s timings)\n", r.Scenario, r.Nodes, r.Gateways, r.Timings)
 	fmt.Fprintf(w, "%s; %s; machine %s; %s\n", r.TimingsDesc, r.Database, r.Machine, r.Date)
-	fmt.Fprintf(w, "commands: %.0f/s via %s; worker --nodes.gateway-loss-grace %s\n\n", r.RatePerSec, r.Producer, r.LossGrace)
+	fmt.Fprintf(w, "commands: %.0f/s via %s; worker --nodes.gateway-loss-grace %s; gateways --gateway.max-streams %d\n\n", r.RatePerSec, r.Producer, r.LossGrace, r.MaxStreams)
 	fmt.Fprintf(w, "| %-38s | %s |\n|%s|%s|\n", "measure", "value", strings.Repeat("-", 40), strings.Repeat("-", 60))
 	row("initial connect of all nodes", "%.1f s", r.InitialConnect)
 	row("victim / nodes on it", "%s / %d", r.Victim, r.NodesLost)
@@ -191,14 +207,22 @@ func (r *result) print(w io.Writer) {
 	row("admission limit", "%.2f s = %d / (%d x %.0f/s)", r.AdmissionLimit, r.NodesLost, r.Survivors, r.HelloRate)
 	row("recovery max / admission limit", "%.2fx (goal <= 1.25x); / max(limit, 1 s redial jitter) %.2fx", r.RecoveryVsLimit, r.RecoveryVsFloor)
 	row("gap max / admission limit", "%.2fx", r.GapVsLimit)
+	row("detect (fault -> stream end)", "%s", r.Detect)
+	row("stream ends per re-homed node", "mean %.2f  max %d", r.Redials.Mean, r.Redials.Max)
 	var gws []string
 	for gw, v := range r.PeakHellosPerSec {
 		gws = append(gws, fmt.Sprintf("%s %d", gw, v))
 	}
 	slices.Sort(gws)
 	row("peak Hellos/s per gateway", "%s", strings.Join(gws, ", "))
+	for _, gw := range slices.Sorted(maps.Keys(r.Timeline)) {
+		row("Welcomes per 250 ms on "+gw, "%v", r.Timeline[gw])
+	}
 	row("pushbacks after fault (total)", "%d (%d)", r.PushbacksAfterFault, r.PushbacksTotal)
 	row("database xact/s steady / after / peak", "%.0f / %.0f / %.0f", r.XactSteady, r.XactAfter, r.XactPeak)
+	for i, st := range r.TopStatements {
+		row(fmt.Sprintf("top statement %d after fault (calls)", i+1), "%d  %s", st.Calls, strings.ReplaceAll(st.Query, "|", "\\|"))
+	}
 	row("commands created (create errors)", "%d (%d)", r.CommandsCreated, r.CreateErrors)
 	row("command states at end", "%v (settled in %.1f s)", r.CommandStates, r.SettleSeconds)
 	row("lost commands", "%d", r.Lost)

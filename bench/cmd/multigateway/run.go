@@ -25,7 +25,7 @@ func logf(format string, args ...any) {
 func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, error) {
 	timings := fleet.Timings(c.timings)
 	gwArgs := []string{"--gateway.hello-rate", fmt.Sprint(c.helloRate), "--gateway.drain-max-delay", c.drainDelay.String(),
-		"--shutdown-timeout", (c.drainDelay + 30*time.Second).String()}
+		"--shutdown-timeout", (c.drainDelay + 30*time.Second).String(), "--gateway.max-streams", fmt.Sprint(c.maxStreams())}
 	f, err := fleet.Start(ctx, fleet.Options{
 		Gateways: c.gateways, Timings: timings, GatewayArgs: gwArgs, NoAPI: c.producer != "api",
 		WorkerArgs: []string{"--nodes.gateway-loss-grace", c.lossGrace.String()},
@@ -44,7 +44,7 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 	r := &result{Scenario: c.scenario, Nodes: c.nodes, Gateways: c.gateways, Timings: c.timings,
 		Machine: harness.Host(), Database: f.Server.Desc, Date: time.Now().UTC().Format(time.RFC3339),
 		Producer: map[bool]string{true: "api", false: "sql"}[c.producer == "api"], RatePerSec: c.rate,
-		HelloRate: c.helloRate, LossGrace: c.lossGrace.String()}
+		HelloRate: c.helloRate, LossGrace: c.lossGrace.String(), MaxStreams: c.maxStreams()}
 	if timings == fleet.Real {
 		r.TimingsDesc = "real time, production durations: gateway lease 20 s / renew 5 s, session lease 40 s, heartbeat 5 s, shard TTL 15 s / renew 5 s"
 	} else {
@@ -142,6 +142,9 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 	if err := f.DB.Pool.QueryRow(ctx, "SELECT compute_now() /*bench*/").Scan(&pauseDBTime); err != nil {
 		return nil, err
 	}
+	if err := f.DB.ResetStatements(ctx); err != nil {
+		logf("pg_stat_statements unavailable (%v): no statement counts in the report", err)
+	}
 	t0 := time.Now()
 	smp.markFault(t0)
 	logf("%s: %s holds %d of %d nodes", c.scenario, victim.Name, len(lost), c.nodes)
@@ -217,9 +220,14 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 		r.DrainExitCode = victim.Proc.ExitCode()
 	}
 	r.ObservedFor = time.Since(t0).Seconds()
+	if top, err := f.DB.TopStatements(ctx, 6); err == nil {
+		r.TopStatements = top
+	}
 
 	// Recovery per re-homed node.
-	var rec, gaps []time.Duration
+	var rec, gaps, detect []time.Duration
+	redials := 0
+	r.Timeline = map[string][]int{}
 	hellos := map[string]map[int]int{} // survivor -> second after t0 -> Welcomes
 	for _, n := range sim.Nodes {
 		for _, w := range n.Welcomes() {
@@ -230,6 +238,12 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 				hellos[w.Gateway] = map[int]int{}
 			}
 			hellos[w.Gateway][int(w.At.Sub(t0)/time.Second)]++
+			if bin := int(w.At.Sub(t0) / (250 * time.Millisecond)); bin < 40 {
+				if r.Timeline[w.Gateway] == nil {
+					r.Timeline[w.Gateway] = make([]int, 40)
+				}
+				r.Timeline[w.Gateway][bin]++
+			}
 		}
 	}
 	for _, n := range lost {
@@ -241,6 +255,11 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 			r.BackOnVictim++
 		}
 		rec = append(rec, w.At.Sub(t0))
+		if ends := n.SessionEndsBetween(t0, w.At); len(ends) > 0 {
+			detect = append(detect, ends[0].Sub(t0))
+			redials += len(ends)
+			r.Redials.Max = max(r.Redials.Max, len(ends))
+		}
 		if end := n.LastSessionEndBefore(w.At); !end.IsZero() && end.After(t0) {
 			gaps = append(gaps, w.At.Sub(end))
 		}
@@ -248,6 +267,10 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 	r.Rehomed = len(rec)
 	r.Recovery = harness.Summarize(rec)
 	r.Gap = harness.Summarize(gaps)
+	r.Detect = harness.Summarize(detect)
+	if len(detect) > 0 {
+		r.Redials.Mean = float64(redials) / float64(len(detect))
+	}
 	if r.AdmissionLimit > 0 {
 		r.RecoveryVsLimit = r.Recovery.Max / r.AdmissionLimit
 		r.RecoveryVsFloor = r.Recovery.Max / max(r.AdmissionLimit, 1)

@@ -86,7 +86,7 @@ type Fleet struct {
 	APIAddr  string
 	Token    string
 	LBAddr   string
-	HAProxy  *harness.Proc
+	HAProxy  []*harness.Proc // one per fdsPerProcess/2 connections
 	opts     Options
 }
 

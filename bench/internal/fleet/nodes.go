@@ -157,6 +157,19 @@ func (n *Node) Welcomes() []Welcome {
 	return append([]Welcome(nil), n.welcomes...)
 }
 
+// SessionEndsBetween lists the stream ends (pushbacks included) in [a, b).
+func (n *Node) SessionEndsBetween(a, b time.Time) []time.Time {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []time.Time
+	for _, e := range n.sessionEnd {
+		if !e.Before(a) && e.Before(b) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
 // LastSessionEndBefore is the last stream end before t (zero when none).
 func (n *Node) LastSessionEndBefore(t time.Time) time.Time {
 	n.mu.Lock()

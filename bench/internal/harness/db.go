@@ -145,6 +145,26 @@ func (d *Database) Statements(ctx context.Context) (int64, error) {
 	return n, err
 }
 
+// StatementCalls is one normalised statement and how often it ran.
+type StatementCalls struct {
+	Query string `json:"query"`
+	Calls int64  `json:"calls"`
+}
+
+// TopStatements returns the n statements pg_stat_statements counted most
+// often in this database since the last reset (the bench's own left out),
+// each query cut to 120 characters.
+func (d *Database) TopStatements(ctx context.Context, n int) ([]StatementCalls, error) {
+	rows, err := d.Pool.Query(ctx, `SELECT left(regexp_replace(s.query, '\s+', ' ', 'g'), 120), s.calls FROM pg_stat_statements s
+		JOIN pg_database db ON db.oid = s.dbid
+		WHERE db.datname = current_database() AND s.query NOT LIKE '%pg_stat_%' AND s.query NOT LIKE '%/*bench*/%'
+		ORDER BY s.calls DESC LIMIT $1`, n)
+	if err != nil {
+		return nil, fmt.Errorf("read pg_stat_statements: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[StatementCalls])
+}
+
 // RegisterNodes inserts n nodes named prefix-<i> with fresh credentials.
 func RegisterNodes(ctx context.Context, db *pgxpool.Pool, prefix string, n int) (ids, creds []string, err error) {
 	hashes := make([][]byte, n)

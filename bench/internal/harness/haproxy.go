@@ -19,14 +19,25 @@ type Backend struct {
 	Listen, HTTP string
 }
 
+// fdsPerProcess is how many descriptors one HAProxy process may use for
+// proxied connections (two per connection). It stays under the common hard
+// RLIMIT_NOFILE of 20,000 so a 10,000-node fleet needs no raised limit.
+const fdsPerProcess = 18000
+
 // StartHAProxy runs HAProxy (TCP mode, leastconn, `option httpchk GET
-// /readyz` against each backend's health port) in the foreground as a child
-// and returns the address it listens on.
-func StartHAProxy(ctx context.Context, sup *Supervisor, dir string, backends []Backend, maxconn int) (string, *Proc, error) {
+// /readyz` against each backend's health port) in the foreground as
+// children and returns the address they listen on. HAProxy needs two
+// descriptors per proxied connection, so when maxconn needs more than
+// fdsPerProcess it starts several identical processes bound to the same
+// address with SO_REUSEPORT (HAProxy's default on Linux): the kernel spreads
+// new connections across them, each balancing over every gateway.
+func StartHAProxy(ctx context.Context, sup *Supervisor, dir string, backends []Backend, maxconn int) (string, []*Proc, error) {
 	bin, err := exec.LookPath("haproxy")
 	if err != nil {
 		return "", nil, fmt.Errorf("haproxy not found: install it with `apt-get install -y haproxy`: %w", err)
 	}
+	procs := (2*maxconn + fdsPerProcess - 1) / fdsPerProcess
+	maxconn = (maxconn + procs - 1) / procs
 	addr := FreeAddr()
 	var b strings.Builder
 	fmt.Fprintf(&b, `global
@@ -40,8 +51,9 @@ defaults
     timeout client 1h
     timeout server 1h
     timeout check 1s
-    retries 3
-    option redispatch
+    # A refused connect is retried once on another gateway at once.
+    retries 1
+    option redispatch 1
 
 frontend nodes
     bind %s
@@ -51,7 +63,11 @@ frontend nodes
 backend gateways
     balance leastconn
     option httpchk GET /readyz
-    default-server inter 500ms fall 2 rise 2
+    # A gateway that refuses one connection (killed) is marked down at
+    # once instead of after two failed checks: leastconn would otherwise
+    # send every new dial to the dead gateway, which has the fewest
+    # connections, for up to a second.
+    default-server inter 500ms fall 2 rise 2 observe layer4 error-limit 1 on-error mark-down
 `, maxconn+100, addr, maxconn)
 	for _, be := range backends {
 		_, port, _ := strings.Cut(be.HTTP, ":")
@@ -61,12 +77,32 @@ backend gateways
 	if err := os.WriteFile(cfg, []byte(b.String()), 0o644); err != nil {
 		return "", nil, err
 	}
-	p, err := sup.Start("haproxy", bin, nil, "-db", "-f", cfg)
-	if err != nil {
-		return "", nil, err
+	var ps []*Proc
+	for i := range procs {
+		name := "haproxy"
+		if procs > 1 {
+			name = fmt.Sprintf("haproxy-%d", i+1)
+		}
+		p, err := sup.Start(name, bin, nil, "-db", "-f", cfg)
+		if err != nil {
+			return "", ps, err
+		}
+		ps = append(ps, p)
+		if err := pglocal.WaitTCP(addr, 10*time.Second); err != nil {
+			return "", ps, fmt.Errorf("%s: %w\n%s", name, err, p.Tail())
+		}
 	}
-	if err := pglocal.WaitTCP(addr, 10*time.Second); err != nil {
-		return "", nil, fmt.Errorf("haproxy: %w\n%s", err, p.Tail())
+	// Later processes share an address the first already answers on: give
+	// them a moment to fail (bind refused, fd limit) before trusting them.
+	select {
+	case <-ctx.Done():
+		return "", ps, ctx.Err()
+	case <-time.After(300 * time.Millisecond):
 	}
-	return addr, p, nil
+	for _, p := range ps {
+		if p.Exited() {
+			return "", ps, fmt.Errorf("%s exited at start:\n%s", p.Name, p.Tail())
+		}
+	}
+	return addr, ps, nil
 }
