@@ -88,7 +88,7 @@ CHART := $(CURDIR)/deploy/helm/leasehold
 HELM := GOWORK=off go -C tools/k8s tool helm
 KUBECONFORM := GOWORK=off go -C tools/k8s tool kubeconform
 
-.PHONY: images helm-lint
+.PHONY: images helm-lint haproxy-check
 
 ## images: one image per service plus the migration image (needs a Docker engine with BuildKit)
 images:
@@ -101,6 +101,11 @@ images:
 	$(DOCKER) build -f deploy/docker/Dockerfile --target migrate -t $(IMAGE_REGISTRY)/leasehold-migrate:$(IMAGE_TAG) .
 
 ## helm-lint: helm lint + template + kubeconform of the chart (default and HA values), its guards, and PromQL of alerts and dashboard
+# The example balancer config in deploy/haproxy parses (haproxy from the
+# distribution: apt-get install -y haproxy).
+haproxy-check:
+	haproxy -c -f deploy/haproxy/haproxy.cfg
+
 helm-lint:
 	@set -eo pipefail; out=$$(mktemp -d); trap 'rm -rf "$$out"' EXIT; \
 	GOWORK=off go -C tools/k8s run ./schemagen -out "$$out/schemas"; \
