@@ -15,6 +15,12 @@ type Config struct {
 	TLSCert, TLSKey string
 	// TLSClientCA, when set, requires and verifies a client certificate (mTLS).
 	TLSClientCA string
+	// TLSBindNodeID, with TLSClientCA, binds the verified client certificate
+	// to the node: a Hello whose node_id is not the node the certificate
+	// names (nodeauth.NodeIDFromCert) is refused PERMISSION_DENIED before
+	// the admission token, the credential or the database. Turn it off for fleets whose PKI issues host
+	// certificates that name no node; the credential is required either way.
+	TLSBindNodeID bool
 
 	// LeaseTTL is the gateway lease's TTL; LeaseRenew its renewal interval.
 	LeaseTTL, LeaseRenew time.Duration
@@ -62,6 +68,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate for node streams (enables TLS)")
 	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	fs.StringVar(&c.TLSClientCA, "tls-client-ca", "", "PEM CA bundle; when set, nodes must present a client certificate it signed (mTLS)")
+	fs.BoolVar(&c.TLSBindNodeID, "gateway.tls-bind-node-id", true, "with --tls-client-ca, a Hello's node_id must be the node its client certificate names (URI SAN leasehold://node/<id>, else the CommonName); false for host certificates")
 	fs.DurationVar(&c.LeaseTTL, "gateway.lease-ttl", 20*time.Second, "TTL of the gateway:<id> lease")
 	fs.DurationVar(&c.LeaseRenew, "gateway.lease-renew", 5*time.Second, "renewal interval of the gateway lease (must be < TTL/2)")
 	fs.DurationVar(&c.SessionLease, "gateway.session-lease", 40*time.Second, "node session lease (must be > gateway lease TTL)")

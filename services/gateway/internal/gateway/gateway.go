@@ -222,11 +222,15 @@ func (g *Gateway) starting(ctx context.Context) error {
 	g.m.role.Set(health.RoleActive)
 	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusServing)
 	g.checker.SetStatus("", grpchealth.StatusServing)
-	g.log.Info("gateway serving", "addr", ln.Addr().String(), "lease", l.Name, "epoch", l.Epoch, "tls", g.cfg.TLSCert != "")
+	g.log.Info("gateway serving", "addr", ln.Addr().String(), "lease", l.Name, "epoch", l.Epoch, "tls", g.cfg.TLSCert != "",
+		"mtls", g.cfg.TLSClientCA != "", "bind_node_id", g.bindsNodeID())
 	return nil
 }
 
-type bodyKey struct{}
+type (
+	bodyKey     struct{}
+	tlsStateKey struct{}
+)
 
 // newServer builds the HTTP/2 server of node streams.
 func (g *Gateway) newServer() (*http.Server, error) {
@@ -236,9 +240,11 @@ func (g *Gateway) newServer() (*http.Server, error) {
 		connect.WithSendMaxBytes(g.cfg.MaxMessageBytes),
 	)
 	// Keep the request body reachable from the handler: closing it breaks
-	// a pending Receive, which is how a session is closed from outside.
+	// a pending Receive, which is how a session is closed from outside. The
+	// TLS state (nil for h2c) carries the client certificate Hello is bound to.
 	mux.Handle(path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), bodyKey{}, r.Body)))
+		ctx := context.WithValue(context.WithValue(r.Context(), bodyKey{}, r.Body), tlsStateKey{}, r.TLS)
+		h.ServeHTTP(w, r.WithContext(ctx))
 	}))
 	mux.Handle(grpchealth.NewHandler(g.checker))
 	reflector := grpcreflect.NewStaticReflector(nodev1connect.NodeGatewayServiceName, grpchealth.HealthV1ServiceName)

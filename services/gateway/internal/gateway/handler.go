@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -99,6 +100,15 @@ func (g *Gateway) Connect(ctx context.Context, stream *connect.BidiStream[nodev1
 		g.m.hellos.WithLabelValues("refused").Inc()
 		return connect.NewError(connect.CodeInvalidArgument, err)
 	}
+	// Before the admission token, the credential and any database access.
+	if g.bindsNodeID() {
+		cs, _ := ctx.Value(tlsStateKey{}).(*tls.ConnectionState)
+		if err := certNodeError(cs, hello.GetNodeId()); err != nil {
+			g.m.hellos.WithLabelValues("refused").Inc()
+			g.log.Warn("hello refused: node id not bound to the client certificate", "peer", stream.Peer().Addr, "err", err)
+			return err
+		}
+	}
 	if !g.limiter.Allow() {
 		return g.pushback(stream, "hello-rate", g.rateRetryAfter(), connect.CodeResourceExhausted)
 	}
@@ -150,6 +160,30 @@ func (g *Gateway) rateRetryAfter() time.Duration {
 	}
 	g.nextSlot = g.nextSlot.Add(time.Duration(float64(time.Second) / g.cfg.HelloRate))
 	return min(g.nextSlot.Sub(now), time.Minute)
+}
+
+// bindsNodeID reports whether a Hello's node_id must be the node its
+// verified client certificate names (mTLS with --gateway.tls-bind-node-id).
+func (g *Gateway) bindsNodeID() bool { return g.cfg.TLSClientCA != "" && g.cfg.TLSBindNodeID }
+
+// certNodeError refuses, PERMISSION_DENIED, a Hello as nodeID on a
+// connection whose verified client certificate does not name nodeID
+// (nodeauth.NodeIDFromCert). A connection without a verified chain is
+// refused too: the binding fails closed.
+func certNodeError(cs *tls.ConnectionState, nodeID string) error {
+	if cs == nil || len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
+		return connect.NewError(connect.CodePermissionDenied,
+			fmt.Errorf("hello.node_id %q: the connection has no verified client certificate to bind it to", nodeID))
+	}
+	named, err := nodeauth.NodeIDFromCert(cs.VerifiedChains[0][0])
+	if err != nil {
+		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("hello.node_id %q: %w", nodeID, err))
+	}
+	if named != nodeID {
+		return connect.NewError(connect.CodePermissionDenied,
+			fmt.Errorf("hello.node_id %q is not the node named by the client certificate (%q)", nodeID, named))
+	}
+	return nil
 }
 
 func validateHello(h *nodev1.Hello) error {

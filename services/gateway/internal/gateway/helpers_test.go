@@ -92,8 +92,14 @@ type rawSession struct {
 
 func dialRaw(t testing.TB, addr string) *rawSession {
 	t.Helper()
-	hc := h2cClient()
-	client := nodev1connect.NewNodeGatewayServiceClient(hc, "http://"+addr)
+	return dialWith(t, h2cClient(), "http://"+addr)
+}
+
+// dialWith opens a bare client stream to baseURL through hc, whose idle
+// connections are closed at cleanup.
+func dialWith(t testing.TB, hc *http.Client, baseURL string) *rawSession {
+	t.Helper()
+	client := nodev1connect.NewNodeGatewayServiceClient(hc, baseURL)
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &rawSession{stream: client.Connect(ctx), cancel: cancel}
 	t.Cleanup(func() {
