@@ -1,50 +1,25 @@
 package api
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"testing"
-	"time"
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
+	"github.com/leasehold/leasehold/pkg/tlstest"
 )
 
+// selfSigned writes a server certificate for 127.0.0.1 issued by a fresh
+// test CA and returns the files and a pool trusting the CA.
 func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "leasehold-api-test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	require.NoError(t, err)
-	cert, err := x509.ParseCertificate(der)
-	require.NoError(t, err)
-	pool = x509.NewCertPool()
-	pool.AddCert(cert)
-	kb, err := x509.MarshalECPrivateKey(key)
-	require.NoError(t, err)
-	dir := t.TempDir()
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	require.NoError(t, os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
-	require.NoError(t, os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600))
-	return certFile, keyFile, pool
+	ca := tlstest.NewCA(t)
+	certFile, keyFile = tlstest.WriteKeyPair(t, ca.Server(t))
+	return certFile, keyFile, ca.Pool()
 }
 
 func TestTLSServesHTTP1AndHTTP2(t *testing.T) {
