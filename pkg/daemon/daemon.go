@@ -12,6 +12,7 @@ package daemon
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,6 +29,7 @@ import (
 
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
+	"github.com/leasehold/leasehold/pkg/nodeauth"
 )
 
 // Outcome is how a command ended, as the Handler reports it.
@@ -120,6 +122,9 @@ func New(cfg Config) (*Daemon, error) {
 	if !strings.HasPrefix(cfg.Address, "http://") && !strings.HasPrefix(cfg.Address, "https://") {
 		return nil, fmt.Errorf("daemon: address %q must start with http:// (h2c) or https://", cfg.Address)
 	}
+	if err := checkClientCert(cfg); err != nil {
+		return nil, err
+	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
 			*d = v
@@ -155,6 +160,37 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	d.client = nodev1connect.NewNodeGatewayServiceClient(httpClient, cfg.Address, connect.WithReadMaxBytes(cfg.MaxMessageBytes))
 	return d, nil
+}
+
+// checkClientCert refuses a client certificate that explicitly names
+// another node (a leasehold://node/<id> URI SAN): gateways binding mTLS
+// certificates to node ids would refuse every Hello, and the node would
+// redial forever. A certificate naming no node (a host certificate) passes:
+// whether it is accepted is the gateway's --gateway.tls-bind-node-id.
+func checkClientCert(cfg Config) error {
+	if cfg.TLS == nil || len(cfg.TLS.Certificates) == 0 || len(cfg.TLS.Certificates[0].Certificate) == 0 {
+		return nil
+	}
+	leaf := cfg.TLS.Certificates[0].Leaf
+	if leaf == nil {
+		var err error
+		if leaf, err = x509.ParseCertificate(cfg.TLS.Certificates[0].Certificate[0]); err != nil {
+			return fmt.Errorf("daemon: parse client certificate: %w", err)
+		}
+	}
+	id, err := nodeauth.NodeIDFromCert(leaf)
+	if err != nil {
+		if errors.Is(err, nodeauth.ErrCertManyNodes) || errors.Is(err, nodeauth.ErrCertBadNodeURI) {
+			return fmt.Errorf("daemon: client certificate: %w", err)
+		}
+		return nil
+	}
+	for _, u := range leaf.URIs {
+		if strings.EqualFold(u.Scheme, nodeauth.URIScheme) && id != cfg.NodeID {
+			return fmt.Errorf("daemon: client certificate names node %q, not NodeID %q", id, cfg.NodeID)
+		}
+	}
+	return nil
 }
 
 func newTransport(cfg Config) *http.Transport {
