@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/leasehold/leasehold/pkg/clock"
 	"github.com/leasehold/leasehold/pkg/coord"
 )
 
@@ -49,6 +50,12 @@ type Config struct {
 	LogFormat string
 	// ShutdownTimeout bounds a graceful stop.
 	ShutdownTimeout time.Duration
+	// ClockRate and ClockEpoch install a scaled clock (benches and
+	// simulators only, DESIGN.md section 2): simulated time runs ClockRate
+	// times faster than wall time from ClockEpoch (RFC 3339). Rate 1 is the
+	// real clock.
+	ClockRate  float64
+	ClockEpoch string
 }
 
 // RegisterFlags registers the common flags on fs with the service's
@@ -65,6 +72,25 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, defaultHTTPAddr string) {
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&c.LogFormat, "log-format", "json", "log format: json or text")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 90*time.Second, "how long a graceful stop may take")
+	fs.Float64Var(&c.ClockRate, "clock.rate", 1, "benches only: run timers this many times faster than wall time (the database's compute_now() must be scaled alike: pkg/clock.InstallSQL)")
+	fs.StringVar(&c.ClockEpoch, "clock.epoch", "", "benches only: RFC 3339 instant at which the scaled and wall clocks agree (needed with --clock.rate > 1)")
+}
+
+// Scale is the clock scale of --clock.rate and --clock.epoch (rate 1: the
+// real clock).
+func (c *Config) Scale() (clock.Scale, error) {
+	if c.ClockRate == 1 && c.ClockEpoch == "" {
+		return clock.Scale{Rate: 1}, nil
+	}
+	epoch, err := time.Parse(time.RFC3339Nano, c.ClockEpoch)
+	if err != nil {
+		return clock.Scale{}, fmt.Errorf("--clock.epoch %q: want an RFC 3339 time: %w", c.ClockEpoch, err)
+	}
+	s := clock.Scale{Epoch: epoch, Rate: c.ClockRate}
+	if err := s.Validate(); err != nil {
+		return clock.Scale{}, fmt.Errorf("--clock.rate / --clock.epoch: %w", err)
+	}
+	return s, nil
 }
 
 // Validate checks the configuration and names the offending flag.
@@ -93,6 +119,9 @@ func (c *Config) Validate() error {
 	case "json", "text":
 	default:
 		errs = append(errs, fmt.Errorf("--log-format %q must be json or text", c.LogFormat))
+	}
+	if _, err := c.Scale(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-timeout %s must be positive", c.ShutdownTimeout))

@@ -15,10 +15,12 @@ import (
 
 	"github.com/grafana/dskit/services"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/leasehold/leasehold/migrations"
+	"github.com/leasehold/leasehold/pkg/clock"
 	"github.com/leasehold/leasehold/pkg/health"
 	"github.com/leasehold/leasehold/pkg/pgdb"
 )
@@ -39,6 +41,9 @@ type Process struct {
 	Health *health.Handler
 	// Mux is the health server's mux; services may mount more handlers.
 	Mux *http.ServeMux
+	// Clock is the process clock: real, or scaled by --clock.rate. Every
+	// component's timers should run on it.
+	Clock clockwork.Clock
 }
 
 // Spec describes a service for Main.
@@ -129,11 +134,16 @@ func run(parent context.Context, spec Spec, cfg Config, logger *slog.Logger) err
 	}
 	defer db.Close()
 
+	clk, err := processClock(ctx, cfg, db, logger)
+	if err != nil {
+		return err
+	}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	h := health.New(reg, cfg.HealthToken)
 	h.AddReadiness("database", func(ctx context.Context) error { return db.Ping(ctx) })
-	p := &Process{Name: spec.Name, Config: cfg, Logger: logger, Registry: reg, DB: db, Health: h, Mux: h.ServeMux()}
+	p := &Process{Name: spec.Name, Config: cfg, Logger: logger, Registry: reg, DB: db, Health: h, Mux: h.ServeMux(), Clock: clk}
 
 	components, err := spec.Build(ctx, p)
 	if err != nil {
@@ -185,6 +195,30 @@ func run(parent context.Context, spec Spec, cfg Config, logger *slog.Logger) err
 	}
 	logger.Info("stopped cleanly")
 	return nil
+}
+
+// processClock builds the clock of --clock.rate. A scaled clock must agree
+// with the database's compute_now() (scaled by clock.InstallSQL): a process
+// started against an unscaled database refuses to run instead of treating
+// every lease as minutes off.
+func processClock(ctx context.Context, cfg Config, db *pgxpool.Pool, logger *slog.Logger) (clockwork.Clock, error) {
+	s, err := cfg.Scale()
+	if err != nil {
+		return nil, err
+	}
+	clk, err := clock.New(s)
+	if err != nil || s.Rate == 1 {
+		return clk, err
+	}
+	var dbNow time.Time
+	if err := db.QueryRow(ctx, "SELECT compute_now()").Scan(&dbNow); err != nil {
+		return nil, fmt.Errorf("read compute_now(): %w", err)
+	}
+	if off := clk.Now().Sub(dbNow); off.Abs() > time.Second {
+		return nil, fmt.Errorf("--clock.rate %g: the database's compute_now() is %s off the scaled clock; install the same scale with clock.InstallSQL", s.Rate, off.Round(time.Millisecond))
+	}
+	logger.Warn("scaled clock: timers run faster than wall time (benches only)", "rate", s.Rate, "epoch", s.Epoch)
+	return clk, nil
 }
 
 // checkSchema applies migrations when asked and refuses a database newer

@@ -33,6 +33,7 @@ func main() {
 				Logger:    p.Logger,
 				Registry:  p.Registry,
 				Health:    p.Health,
+				Clock:     p.Clock,
 			})
 			if err != nil {
 				return nil, err

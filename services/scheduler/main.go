@@ -30,7 +30,7 @@ func main() {
 		Validate: func() error { return errors.Join(rcfg.Validate(), pcfg.Validate()) },
 		Build: func(ctx context.Context, p *process.Process) ([]services.Service, error) {
 			rt, err := reconcile.New(rcfg, p.DB, reconcile.Options{
-				Owner: p.Config.ID, NotifyURL: p.Config.NotifyURL(), Logger: p.Logger, Registerer: p.Registry,
+				Owner: p.Config.ID, NotifyURL: p.Config.NotifyURL(), Logger: p.Logger, Registerer: p.Registry, Clock: p.Clock,
 			})
 			if err != nil {
 				return nil, err

@@ -56,7 +56,7 @@ func main() {
 		},
 		Build: func(ctx context.Context, p *process.Process) ([]services.Service, error) {
 			rt, err := reconcile.New(cfg.runtime, p.DB, reconcile.Options{
-				Owner: p.Config.ID, NotifyURL: p.Config.NotifyURL(), Logger: p.Logger, Registerer: p.Registry,
+				Owner: p.Config.ID, NotifyURL: p.Config.NotifyURL(), Logger: p.Logger, Registerer: p.Registry, Clock: p.Clock,
 			})
 			if err != nil {
 				return nil, err

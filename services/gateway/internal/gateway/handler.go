@@ -109,7 +109,7 @@ func (g *Gateway) Connect(ctx context.Context, stream *connect.BidiStream[nodev1
 			return err
 		}
 	}
-	if !g.limiter.Allow() {
+	if !g.limiter.AllowN(g.clock.Now(), 1) {
 		return g.pushback(stream, "hello-rate", g.rateRetryAfter(), connect.CodeResourceExhausted)
 	}
 	if g.pending.Add(1) > int64(g.cfg.MaxPendingHellos) {

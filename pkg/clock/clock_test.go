@@ -1,0 +1,80 @@
+package clock
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/stretchr/testify/require"
+
+	"github.com/leasehold/leasehold/pkg/pgtest"
+)
+
+func TestScaledClockRunsRateTimesFaster(t *testing.T) {
+	base := clockwork.NewFakeClockAt(time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC))
+	epoch := base.Now()
+	c := newScaled(Scale{Epoch: epoch, Rate: 5}, base)
+	require.Equal(t, epoch, c.Now(), "both clocks agree at the epoch")
+
+	timer := c.NewTimer(10 * time.Second) // simulated: 2 s of base time
+	fired := make(chan struct{})
+	c.AfterFunc(20*time.Second, func() { close(fired) })
+
+	base.Advance(1999 * time.Millisecond)
+	select {
+	case <-timer.Chan():
+		t.Fatal("a 10 s simulated timer fired before 2 s of base time")
+	default:
+	}
+	base.Advance(time.Millisecond)
+	<-timer.Chan()
+	require.Equal(t, epoch.Add(10*time.Second), c.Now())
+	require.Equal(t, 10*time.Second, c.Since(epoch))
+
+	require.True(t, timer.Reset(5*time.Second) == false)
+	base.Advance(time.Second) // 5 s simulated
+	<-timer.Chan()
+	base.Advance(time.Second) // AfterFunc at 20 s simulated = 4 s base
+	<-fired
+	require.Equal(t, 20*time.Second, c.Since(epoch))
+}
+
+func TestNewRefusesABadScale(t *testing.T) {
+	for _, s := range []Scale{{Rate: 2}, {Epoch: time.Now(), Rate: 0.5}, {Epoch: time.Now(), Rate: 101}} {
+		_, err := New(s)
+		require.Error(t, err, "%+v", s)
+	}
+	c, err := New(Scale{})
+	require.NoError(t, err)
+	require.IsType(t, clockwork.NewRealClock(), c, "rate 0 is the real clock")
+}
+
+// TestInstallSQLScalesComputeNow checks the database and a process running
+// New(s) agree on simulated time, and that UninstallSQL restores the
+// server's clock.
+func TestInstallSQLScalesComputeNow(t *testing.T) {
+	db := pgtest.NewDB(t)
+	ctx := context.Background()
+	s := Scale{Epoch: time.Now().Add(-10 * time.Second), Rate: 10}
+	require.NoError(t, InstallSQL(ctx, db.Pool, s))
+	c, err := New(s)
+	require.NoError(t, err)
+
+	var dbNow, wall time.Time
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT compute_now(), clock_timestamp()").Scan(&dbNow, &wall))
+	require.WithinDuration(t, c.Now(), dbNow, 2*time.Second, "process and database agree on simulated time")
+	require.WithinDuration(t, wall.Add(90*time.Second), dbNow, 2*time.Second, "10 s after the epoch at rate 10 is 90 s ahead")
+
+	// A lease taken for 15 simulated seconds expires after 1.5 wall seconds.
+	var expires time.Time
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT compute_now() + interval '15 seconds'").Scan(&expires))
+	time.Sleep(1600 * time.Millisecond)
+	var expired bool
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT compute_now() > $1", expires).Scan(&expired))
+	require.True(t, expired)
+
+	require.NoError(t, UninstallSQL(ctx, db.Pool))
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT compute_now(), clock_timestamp()").Scan(&dbNow, &wall))
+	require.WithinDuration(t, wall, dbNow, time.Second)
+}
