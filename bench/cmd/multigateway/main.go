@@ -15,6 +15,7 @@ import (
 
 	"github.com/leasehold/leasehold/bench/internal/fleet"
 	"github.com/leasehold/leasehold/bench/internal/harness"
+	"github.com/leasehold/leasehold/pkg/clock"
 )
 
 func main() {
@@ -34,6 +35,7 @@ func main() {
 	flag.Float64Var(&c.helloRate, "hello-rate", 200, "gateways' --gateway.hello-rate (admission bucket)")
 	flag.IntVar(&c.streams, "max-streams", 0, "gateways' --gateway.max-streams (0: the default 5000, or what the survivors of one lost gateway need with 10% headroom when that is more)")
 	flag.StringVar(&c.timings, "timings", "real", "real (production durations) or fast (gateway lease 2 s, session lease 6 s, shard TTL 3 s)")
+	flag.Float64Var(&c.scale.Rate, "clock-rate", 1, "run services, database and daemons on a clock this many times faster than wall time (pkg/clock; 1 = real time); reported durations are then simulated seconds")
 	flag.StringVar(&c.jsonPath, "json", "", "write the result as JSON to this file")
 	flag.StringVar(&c.binDir, "bin", "", "use prebuilt leasehold-<service> binaries from this directory (default: build)")
 	flag.BoolVar(&c.durable, "durable", true, "local PostgreSQL with fsync and synchronous_commit on")
@@ -41,6 +43,9 @@ func main() {
 	flag.IntVar(&c.siteAgents, "site-agents", 0, "site agents to run as nodes (demo), when services/site-agent supports it")
 	flag.BoolVar(&c.keep, "keep", false, "keep the work directory with every process's log")
 	flag.Parse()
+	if c.scale.Rate > 1 {
+		c.scale.Epoch = time.Now() // every process and the database share it
+	}
 	if err := c.validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "multigateway:", err)
 		os.Exit(2)
@@ -73,6 +78,23 @@ type config struct {
 	warmup, observe, maxWait, settle, pause       time.Duration
 	drainDelay, lossGrace                         time.Duration
 	durable, progress, keep                       bool
+	scale                                         clock.Scale
+}
+
+// now is the bench's clock: simulated time in a scaled run.
+func (c config) now() time.Time {
+	if c.scale.Rate > 1 {
+		return c.scale.Sim(time.Now())
+	}
+	return time.Now()
+}
+
+// wall is how long simulated duration d takes on the wall clock.
+func (c config) wall(d time.Duration) time.Duration {
+	if c.scale.Rate > 1 {
+		return time.Duration(float64(d) / c.scale.Rate)
+	}
+	return d
 }
 
 func (c config) validate() error {
@@ -89,6 +111,15 @@ func (c config) validate() error {
 	}
 	if c.nodes < 1 || c.gateways < 2 {
 		return fmt.Errorf("-nodes %d must be >= 1 and -gateways %d >= 2", c.nodes, c.gateways)
+	}
+	if c.scale.Rate != 0 && c.scale.Rate != 1 {
+		s := clock.Scale{Epoch: time.Now(), Rate: c.scale.Rate}
+		if err := s.Validate(); err != nil {
+			return fmt.Errorf("-clock-rate: %w", err)
+		}
+	}
+	if c.scale.Rate > 1 && c.siteAgents > 0 {
+		return fmt.Errorf("-clock-rate %g with -site-agents %d: the site agent has no scaled clock", c.scale.Rate, c.siteAgents)
 	}
 	if c.streams < 0 {
 		return fmt.Errorf("-max-streams %d must be >= 0", c.streams)

@@ -29,7 +29,7 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 	f, err := fleet.Start(ctx, fleet.Options{
 		Gateways: c.gateways, Timings: timings, GatewayArgs: gwArgs, NoAPI: c.producer != "api",
 		WorkerArgs: []string{"--nodes.gateway-loss-grace", c.lossGrace.String()},
-		MaxConns:   c.nodes + 1000, BinDir: c.binDir, Durable: c.durable, Log: logf,
+		MaxConns:   c.nodes + 1000, BinDir: c.binDir, Durable: c.durable, Log: logf, Scale: c.scale,
 	})
 	started(f)
 	defer func() {
@@ -48,7 +48,11 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 	if timings == fleet.Real {
 		r.TimingsDesc = "real time, production durations: gateway lease 20 s / renew 5 s, session lease 40 s, heartbeat 5 s, shard TTL 15 s / renew 5 s"
 	} else {
-		r.TimingsDesc = "fast: gateway lease 2 s / 500 ms, session lease 6 s, heartbeat 1 s, shard TTL 3 s / 1 s (real clock, shortened durations; no scaled compute_now())"
+		r.TimingsDesc = "fast: gateway lease 2 s / 500 ms, session lease 6 s, heartbeat 1 s, shard TTL 3 s / 1 s (shortened durations on the real clock)"
+	}
+	if c.scale.Rate > 1 {
+		r.Timings = fmt.Sprintf("%s, scaled clock x%g", c.timings, c.scale.Rate)
+		r.TimingsDesc = fmt.Sprintf("SCALED CLOCK x%g (pkg/clock): services, compute_now() and daemons run %g times faster than wall time and every duration below is in simulated seconds (the command producer's rate is per wall second); HTTP/2 pings, TCP and HAProxy checks run in wall time; ", c.scale.Rate, c.scale.Rate) + strings.TrimPrefix(r.TimingsDesc, "real time, ")
 	}
 
 	if c.siteAgents > 0 {
@@ -58,7 +62,7 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 	if err != nil {
 		return nil, err
 	}
-	sim := &fleet.Sim{WorkTime: 10 * time.Millisecond}
+	sim := &fleet.Sim{WorkTime: 10 * time.Millisecond, Scale: c.scale}
 	for i := range ids {
 		if _, err := sim.Add(f.Address(), ids[i], creds[i], nodev1.NodeKind_NODE_KIND_NODE); err != nil {
 			return nil, err
@@ -67,12 +71,12 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 	simCtx, stopSim := context.WithCancel(ctx)
 	defer func() { stopSim(); sim.Wait() }()
 	logf("connecting %d nodes through HAProxy", c.nodes)
-	connStart := time.Now()
+	connStart := c.now()
 	go sim.Start(simCtx, int(c.helloRate)*c.gateways)
 	if err := waitFor(ctx, 5*time.Minute, func() bool { return sim.Connected() == c.nodes }); err != nil {
 		return nil, fmt.Errorf("only %d of %d nodes connected: %w", sim.Connected(), c.nodes, err)
 	}
-	r.InitialConnect = time.Since(connStart).Seconds()
+	r.InitialConnect = c.now().Sub(connStart).Seconds()
 	logf("all %d nodes connected in %.1fs", c.nodes, r.InitialConnect)
 
 	// Producer: commands to random nodes at a steady rate.
@@ -113,14 +117,14 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 	defer stopProd()
 
 	// Sampler: transactions/s and false unreachable marks, once a second.
-	smp := newSampler(f, sim)
+	smp := newSampler(f, sim, c.now)
 	smpCtx, stopSmp := context.WithCancel(ctx)
 	smpDone := make(chan struct{})
 	go func() { defer close(smpDone); smp.run(smpCtx) }()
 	defer func() { stopSmp(); <-smpDone }()
 
 	logf("steady state for %s (%s, %.0f commands/s via %s)", c.warmup, c.timings, c.rate, r.Producer)
-	if err := harness.Sleep(ctx, c.warmup); err != nil {
+	if err := harness.Sleep(ctx, c.wall(c.warmup)); err != nil {
 		return nil, err
 	}
 
@@ -145,7 +149,7 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 	if err := f.DB.ResetStatements(ctx); err != nil {
 		logf("pg_stat_statements unavailable (%v): no statement counts in the report", err)
 	}
-	t0 := time.Now()
+	t0 := c.now()
 	smp.markFault(t0)
 	logf("%s: %s holds %d of %d nodes", c.scenario, victim.Name, len(lost), c.nodes)
 	switch c.scenario {
@@ -171,7 +175,7 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 	}
 	progress := func(phase string) {
 		line := fmt.Sprintf("[%s +%4.1fs] re-homed %d/%d  connected %d/%d  created %d  executed %d  pushbacks %d  xact/s %.0f",
-			phase, time.Since(t0).Seconds(), rehomed(), len(lost), sim.Connected(), c.nodes, created.Load(),
+			phase, c.now().Sub(t0).Seconds(), rehomed(), len(lost), sim.Connected(), c.nodes, created.Load(),
 			sim.Executions.Load(), sim.Pushbacks()-pushbacksBefore, smp.lastRate())
 		if c.progress {
 			fmt.Fprintf(os.Stderr, "\r%-150s", line)
@@ -188,7 +192,7 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 	var resumed bool
 	deadline := t0.Add(c.maxWait)
 	for {
-		el := time.Since(t0)
+		el := c.now().Sub(t0)
 		if c.scenario == "zombie" && !resumed && el >= c.pause {
 			if err := victim.Proc.Signal(syscall.SIGCONT); err != nil {
 				return nil, err
@@ -202,7 +206,7 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 		if c.scenario == "drain" && !victim.Proc.Exited() {
 			done = false
 		}
-		if done || time.Now().After(deadline) {
+		if done || c.now().After(deadline) {
 			break
 		}
 		select {
@@ -219,7 +223,7 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 	if c.scenario == "drain" {
 		r.DrainExitCode = victim.Proc.ExitCode()
 	}
-	r.ObservedFor = time.Since(t0).Seconds()
+	r.ObservedFor = c.now().Sub(t0).Seconds()
 	if top, err := f.DB.TopStatements(ctx, 6); err == nil {
 		r.TopStatements = top
 	}
@@ -291,14 +295,14 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 	r.CommandsCreated = created.Load()
 	r.CreateErrors = createErrs.Load()
 	logf("producer stopped after %d commands; waiting up to %s for results", r.CommandsCreated, c.settle)
-	settleStart := time.Now()
+	settleStart := c.now()
 	open := func() int64 {
 		var n int64
 		_ = f.DB.Pool.QueryRow(ctx, `SELECT count(*) /*bench*/ FROM commands WHERE state IN ('pending','dispatched','acknowledged')`).Scan(&n)
 		return n
 	}
 	_ = waitFor(ctx, c.settle, func() bool { return open() == 0 })
-	r.SettleSeconds = time.Since(settleStart).Seconds()
+	r.SettleSeconds = c.now().Sub(settleStart).Seconds()
 	stopSmp()
 	<-smpDone
 	if err := r.collect(ctx, f, sim, smp, victim.Name, pauseDBTime, c); err != nil {

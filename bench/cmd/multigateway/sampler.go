@@ -13,6 +13,7 @@ import (
 type sampler struct {
 	f   *fleet.Fleet
 	sim *fleet.Sim
+	now func() time.Time // the bench's clock (simulated in a scaled run)
 
 	mu         sync.Mutex
 	fault      time.Time
@@ -26,8 +27,8 @@ type rateSample struct {
 	rate float64
 }
 
-func newSampler(f *fleet.Fleet, sim *fleet.Sim) *sampler {
-	return &sampler{f: f, sim: sim, falseNodes: map[string]bool{}}
+func newSampler(f *fleet.Fleet, sim *fleet.Sim, now func() time.Time) *sampler {
+	return &sampler{f: f, sim: sim, now: now, falseNodes: map[string]bool{}}
 }
 
 func (s *sampler) markFault(t time.Time) {
@@ -42,7 +43,7 @@ func (s *sampler) run(ctx context.Context) {
 		byID[n.ID] = n
 	}
 	prev, _ := s.f.DB.Xacts(ctx)
-	prevAt := time.Now()
+	prevAt := s.now()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -52,7 +53,7 @@ func (s *sampler) run(ctx context.Context) {
 		case <-t.C:
 		}
 		x, err := s.f.DB.Xacts(ctx)
-		now := time.Now()
+		now := s.now()
 		if err == nil {
 			s.mu.Lock()
 			s.rates = append(s.rates, rateSample{at: now, rate: float64(x-prev) / now.Sub(prevAt).Seconds()})

@@ -17,6 +17,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/leasehold/leasehold/bench/internal/harness"
+	"github.com/leasehold/leasehold/pkg/clock"
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1/controlv1connect"
 )
@@ -58,8 +59,11 @@ type Options struct {
 	WorkerArgs  []string // extra worker flags
 	NoAPI       bool
 	MaxConns    int // balancer connection limit
-	BinDir      string
-	Durable     bool
+	// Scale, when its Rate is above 1, runs every service and the
+	// database's compute_now() on one scaled clock (pkg/clock).
+	Scale   clock.Scale
+	BinDir  string
+	Durable bool
 	// Server, when set, is used (and left running) instead of a new one.
 	Server *harness.Server
 	Log    func(format string, args ...any)
@@ -121,6 +125,11 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 	if f.DB, err = f.Server.CreateDatabase(ctx, "bench"); err != nil {
 		return f, err
 	}
+	if o.Scale.Rate > 1 {
+		if err := clock.InstallSQL(ctx, f.DB.Pool, o.Scale); err != nil {
+			return f, err
+		}
+	}
 	coord := o.Timings.CoordArgs()
 	if f.Worker, err = f.service(ctx, "worker", "worker-1", append(append([]string{}, coord...), o.WorkerArgs...)...); err != nil {
 		return f, err
@@ -150,7 +159,7 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 		}
 		backends = append(backends, harness.Backend{Name: g.Name, Listen: g.Listen, HTTP: g.HTTP})
 	}
-	if f.LBAddr, f.HAProxy, err = harness.StartHAProxy(ctx, f.Sup, f.Dir, backends, o.MaxConns); err != nil {
+	if f.LBAddr, f.HAProxy, err = harness.StartHAProxy(ctx, f.Sup, f.Dir, backends, o.MaxConns, o.Scale.Rate); err != nil {
 		return f, err
 	}
 	o.Log("control plane up: %d gateways behind HAProxy %s, worker, scheduler%s", o.Gateways, f.LBAddr,
@@ -160,7 +169,8 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 
 func (f *Fleet) service(ctx context.Context, service, name string, extra ...string) (*harness.Proc, error) {
 	args := append([]string{"--database-url", f.DB.URL, "--http-addr", harness.FreeAddr(), "--id", name,
-		"--log-format", "text", "--log-level", "warn"}, extra...)
+		"--log-format", "text", "--log-level", "warn"}, f.ScaleArgs()...)
+	args = append(args, extra...)
 	p, err := f.Sup.Start(name, f.Bins[service], nil, args...)
 	if err != nil {
 		return nil, err
@@ -174,6 +184,7 @@ func (f *Fleet) StartGateway(ctx context.Context, name string) (*Gateway, error)
 	g := &Gateway{Name: name, Listen: harness.FreeAddr(), HTTP: harness.FreeAddr()}
 	args := append([]string{"--database-url", f.DB.URL, "--http-addr", g.HTTP, "--listen-addr", g.Listen, "--id", name,
 		"--log-format", "text", "--log-level", "warn"}, f.opts.Timings.GatewayArgs()...)
+	args = append(args, f.ScaleArgs()...)
 	args = append(args, f.opts.GatewayArgs...)
 	p, err := f.Sup.Start(name, f.Bins["gateway"], nil, args...)
 	if err != nil {
@@ -182,6 +193,14 @@ func (f *Fleet) StartGateway(ctx context.Context, name string) (*Gateway, error)
 	g.Proc = p
 	f.Gateways = append(f.Gateways, g)
 	return g, p.WaitReady(ctx, 60*time.Second)
+}
+
+// ScaleArgs are the --clock.* flags of the fleet's scale (none when real).
+func (f *Fleet) ScaleArgs() []string {
+	if f.opts.Scale.Rate <= 1 {
+		return nil
+	}
+	return []string{"--clock.rate", fmt.Sprint(f.opts.Scale.Rate), "--clock.epoch", f.opts.Scale.Epoch.Format(time.RFC3339Nano)}
 }
 
 // Address is the daemons' balancer URL.

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/leasehold/leasehold/pkg/clock"
 	"github.com/leasehold/leasehold/pkg/daemon"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 )
@@ -36,18 +37,28 @@ type Sim struct {
 	Duplicates atomic.Int64
 	// WorkTime is how long a command takes on a node.
 	WorkTime time.Duration
-	wg       sync.WaitGroup
+	// Scale, when its Rate is above 1, runs the daemons on the fleet's
+	// scaled clock and records every timestamp in simulated time.
+	Scale clock.Scale
+	wg    sync.WaitGroup
 }
 
 // sessionLog records the daemon's "session ended" debug lines, the only
 // place the daemon tells when a stream ended.
-type sessionLog struct{ n *Node }
+type sessionLog struct {
+	n     *Node
+	scale clock.Scale
+}
 
 func (h sessionLog) Enabled(_ context.Context, l slog.Level) bool { return true }
 func (h sessionLog) Handle(_ context.Context, r slog.Record) error {
 	if r.Message == "session ended; redialling" {
 		h.n.mu.Lock()
-		h.n.sessionEnd = append(h.n.sessionEnd, r.Time)
+		at := r.Time
+		if h.scale.Rate > 1 {
+			at = h.scale.Sim(at)
+		}
+		h.n.sessionEnd = append(h.n.sessionEnd, at)
 		h.n.mu.Unlock()
 	}
 	return nil
@@ -58,12 +69,16 @@ func (h sessionLog) WithGroup(string) slog.Handler      { return h }
 // Add creates (does not start) a node daemon dialling address.
 func (s *Sim) Add(address, id, credential string, kind nodev1.NodeKind) (*Node, error) {
 	n := &Node{ID: id, executed: map[string]int{}}
+	clk, err := clock.New(s.Scale)
+	if err != nil {
+		return nil, err
+	}
 	d, err := daemon.New(daemon.Config{
 		Address: address, NodeID: id, Credential: credential, Kind: kind,
-		Logger: slog.New(sessionLog{n}),
+		Logger: slog.New(sessionLog{n, s.Scale}), Clock: clk,
 		OnWelcome: func(w *nodev1.Welcome) {
 			n.mu.Lock()
-			n.welcomes = append(n.welcomes, Welcome{At: time.Now(), Gateway: w.GetGatewayId(), Epoch: w.GetSessionEpoch()})
+			n.welcomes = append(n.welcomes, Welcome{At: clk.Now(), Gateway: w.GetGatewayId(), Epoch: w.GetSessionEpoch()})
 			n.mu.Unlock()
 		},
 		Handler: func(ctx context.Context, cmd *nodev1.Command) daemon.Outcome {

@@ -19,6 +19,14 @@ type Backend struct {
 	Listen, HTTP string
 }
 
+// scaledMs is ms milliseconds divided by rate (when above 1), at least 20.
+func scaledMs(ms int, rate float64) int {
+	if rate > 1 {
+		ms = int(float64(ms) / rate)
+	}
+	return max(ms, 20)
+}
+
 // fdsPerProcess is how many descriptors one HAProxy process may use for
 // proxied connections (two per connection). It stays under the common hard
 // RLIMIT_NOFILE of 20,000 so a 10,000-node fleet needs no raised limit.
@@ -31,7 +39,10 @@ const fdsPerProcess = 18000
 // fdsPerProcess it starts several identical processes bound to the same
 // address with SO_REUSEPORT (HAProxy's default on Linux): the kernel spreads
 // new connections across them, each balancing over every gateway.
-func StartHAProxy(ctx context.Context, sup *Supervisor, dir string, backends []Backend, maxconn int) (string, []*Proc, error) {
+//
+// rate > 1 shortens the health-check interval and timeout by that factor,
+// for fleets on a scaled clock (their /readyz flips rate times faster).
+func StartHAProxy(ctx context.Context, sup *Supervisor, dir string, backends []Backend, maxconn int, rate float64) (string, []*Proc, error) {
 	bin, err := exec.LookPath("haproxy")
 	if err != nil {
 		return "", nil, fmt.Errorf("haproxy not found: install it with `apt-get install -y haproxy`: %w", err)
@@ -50,7 +61,7 @@ defaults
     timeout connect 2s
     timeout client 1h
     timeout server 1h
-    timeout check 1s
+    timeout check %dms
     # A refused connect is retried once on another gateway at once.
     retries 1
     option redispatch 1
@@ -67,8 +78,8 @@ backend gateways
     # once instead of after two failed checks: leastconn would otherwise
     # send every new dial to the dead gateway, which has the fewest
     # connections, for up to a second.
-    default-server inter 500ms fall 2 rise 2 observe layer4 error-limit 1 on-error mark-down
-`, maxconn+100, addr, maxconn)
+    default-server inter %dms fall 2 rise 2 observe layer4 error-limit 1 on-error mark-down
+`, maxconn+100, scaledMs(1000, rate), addr, maxconn, scaledMs(500, rate))
 	for _, be := range backends {
 		_, port, _ := strings.Cut(be.HTTP, ":")
 		fmt.Fprintf(&b, "    server %s %s check port %s\n", be.Name, be.Listen, port)
