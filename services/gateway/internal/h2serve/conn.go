@@ -40,7 +40,9 @@ type connError struct {
 	reason string
 }
 
-func (e connError) Error() string { return fmt.Sprintf("h2serve: connection error %s: %s", e.code, e.reason) }
+func (e connError) Error() string {
+	return fmt.Sprintf("h2serve: connection error %s: %s", e.code, e.reason)
+}
 
 // pingPayload is the data of the server's keepalive PINGs.
 var pingPayload = [8]byte{'h', '2', 's', 'e', 'r', 'v', 'e', 0}
