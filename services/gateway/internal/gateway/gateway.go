@@ -39,10 +39,10 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/leasehold/leasehold/pkg/coord"
-	"github.com/leasehold/leasehold/services/gateway/internal/h2serve"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
 	"github.com/leasehold/leasehold/pkg/health"
+	"github.com/leasehold/leasehold/services/gateway/internal/h2serve"
 )
 
 // Deps are what a gateway needs from its process.

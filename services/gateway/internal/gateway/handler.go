@@ -55,7 +55,23 @@ type readableBody interface {
 // receiveHello waits at most HelloTimeout for the stream's first message.
 // On a timeout the handler returns, which ends the stream and with it the
 // blocked Receive.
-func (g *Gateway) receiveHello(stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse]) (*nodev1.ConnectRequest, error) {
+func (g *Gateway) receiveHello(ctx context.Context, stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse]) (*nodev1.ConnectRequest, error) {
+	if body, ok := ctx.Value(bodyKey{}).(readableBody); ok {
+		// The lean server says when the body is readable: wait here, no
+		// goroutine. (A Hello cut mid-message still ends with the stream.)
+		t := g.clock.NewTimer(g.cfg.HelloTimeout)
+		defer t.Stop()
+		select {
+		case <-body.WaitReadable():
+		case <-t.Chan():
+			return nil, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("no Hello within %s", g.cfg.HelloTimeout))
+		}
+		m, err := stream.Receive()
+		if err != nil {
+			return nil, receiveError(err)
+		}
+		return m, nil
+	}
 	type received struct {
 		msg *nodev1.ConnectRequest
 		err error
@@ -95,7 +111,7 @@ func (g *Gateway) Connect(ctx context.Context, stream *connect.BidiStream[nodev1
 		return g.pushback(stream, "max-streams", 5*time.Second+rand.N(5*time.Second), connect.CodeResourceExhausted)
 	}
 
-	first, err := g.receiveHello(stream)
+	first, err := g.receiveHello(ctx, stream)
 	if err != nil {
 		g.m.hellos.WithLabelValues("refused").Inc()
 		return err

@@ -57,8 +57,7 @@ type conn struct {
 	raw        net.Conn // the accepted connection
 	tlsState   *tls.ConnectionState
 	remoteAddr string
-	ctx        context.Context
-	cancel     context.CancelCauseFunc
+	base       context.Context // parent of request contexts
 
 	fr   *http2.Framer // reader goroutine only
 	hdec *hpack.Decoder
@@ -97,9 +96,8 @@ func (s *Server) newConn(nc net.Conn) *conn {
 	if base == nil {
 		base = context.Background()
 	}
-	ctx, cancel := context.WithCancelCause(base)
 	c := &conn{
-		srv: s, nc: nc, raw: nc, remoteAddr: nc.RemoteAddr().String(), ctx: ctx, cancel: cancel,
+		srv: s, nc: nc, raw: nc, remoteAddr: nc.RemoteAddr().String(), base: base,
 		sendWindow: 65535, recvWindow: 65535, peerInit: 65535, idleSince: time.Now(),
 	}
 	c.henc = hpack.NewEncoder(&c.hsink)
@@ -219,7 +217,7 @@ func (c *conn) handshake(timeout time.Duration) error {
 		cfg.NextProtos = append([]string{"h2"}, cfg.NextProtos...)
 	}
 	tc := tls.Server(c.raw, cfg)
-	ctx, cancel := context.WithTimeout(c.ctx, timeout)
+	ctx, cancel := context.WithTimeout(c.base, timeout)
 	defer cancel()
 	if err := tc.HandshakeContext(ctx); err != nil {
 		return fmt.Errorf("h2serve: TLS handshake: %w", err)
@@ -387,8 +385,17 @@ func (c *conn) handleFrame(f http2.Frame) error {
 
 func (c *conn) handleSettings(f *http2.SettingsFrame) error {
 	if f.IsAck() {
-		// The peer now encodes with our small table.
-		c.hdec.SetAllowedMaxDynamicTableSize(c.srv.headerTable())
+		// The peer now encodes with our small table: its encoder has
+		// already evicted down to it (RFC 7541 section 4.2), so ours may too.
+		// Without a dynamic table a fresh decoder is an exact mirror and
+		// drops what the first request's headers left in the old one.
+		if size := c.srv.headerTable(); size == 0 {
+			c.hdec = hpack.NewDecoder(0, nil)
+			c.fr.ReadMetaHeaders = c.hdec
+		} else {
+			c.hdec.SetMaxDynamicTableSize(size)
+			c.hdec.SetAllowedMaxDynamicTableSize(size)
+		}
 		return nil
 	}
 	if f.StreamID != 0 {
@@ -577,7 +584,9 @@ func (c *conn) handleHeaders(f *http2.MetaHeadersFrame) error {
 	s := &stream{c: c, id: id, recvWindow: streamWindow}
 	s.body.s = s
 	s.rw.s = s
-	ctx, cancel := context.WithCancelCause(c.ctx)
+	// Not a child of a connection context: closeWith cancels each stream,
+	// and a parent would keep a map of its children per connection.
+	ctx, cancel := context.WithCancelCause(c.base)
 	s.cancel = cancel
 	if f.StreamEnded() {
 		s.remoteClosed = true
@@ -656,13 +665,14 @@ func (c *conn) newRequest(f *http2.MetaHeadersFrame) (*http.Request, error) {
 
 func (c *conn) runHandler(s *stream, r *http.Request) {
 	srv := c.srv
+	path := r.URL.Path // the request itself is not kept past ServeHTTP's use of it
 	panicked := true
 	defer func() {
 		if panicked {
 			if v := recover(); v != nil && v != http.ErrAbortHandler { //nolint:errorlint // sentinel panic value
 				buf := make([]byte, 16<<10)
 				buf = buf[:runtime.Stack(buf, false)]
-				srv.Logger.Error("h2serve: handler panicked", "path", r.URL.Path, "panic", v, "stack", string(buf))
+				srv.Logger.Error("h2serve: handler panicked", "path", path, "panic", v, "stack", string(buf))
 			}
 			c.resetStream(s, http2.ErrCodeInternal, errHandlerPanic, true)
 			s.rw.release()
@@ -1025,8 +1035,8 @@ func (c *conn) closeWith(err error) {
 	}
 	c.mu.Unlock()
 	_ = c.nc.Close()
-	c.cancel(err)
 	for _, s := range streams {
+		s.cancel(err)
 		s.body.fail(err)
 	}
 }

@@ -324,6 +324,9 @@ func (rc *rawClient) next(keep func(http2.Frame) bool) http2.Frame {
 		f, err := rc.fr.ReadFrame()
 		require.NoError(rc.t, err)
 		if sf, ok := f.(*http2.SettingsFrame); ok && !sf.IsAck() {
+			if v, ok := sf.Value(http2.SettingHeaderTableSize); ok {
+				rc.henc.SetMaxDynamicTableSize(v) // as a compliant client must
+			}
 			_ = rc.fr.WriteSettingsAck() // the server may be closing
 		}
 		if keep(f) {

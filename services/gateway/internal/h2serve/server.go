@@ -50,7 +50,6 @@ const (
 	DefaultWriteTimeout         = 30 * time.Second
 	DefaultPingInterval         = 15 * time.Second
 	DefaultPingTimeout          = 5 * time.Second
-	DefaultHeaderTableSize      = 512
 
 	// maxFrameSize is the largest frame read or written (the HTTP/2
 	// minimum, so buffers stay small).
@@ -77,8 +76,14 @@ type Server struct {
 	// MaxHeaderListSize bounds a request's header list (0: 64 KiB);
 	// larger requests get 431.
 	MaxHeaderListSize uint32
-	// HeaderTableSize is the HPACK dynamic table size of both directions
-	// (0: 512 bytes).
+	// HeaderTableSize is the HPACK dynamic table size of both directions:
+	// the SETTINGS_HEADER_TABLE_SIZE advertised, and the cap of the
+	// response encoder's table. The default, 0, keeps no dynamic table at
+	// all once the client has acknowledged it: each long-lived connection
+	// then holds no HPACK entries (a client's first request, sent before it
+	// saw our SETTINGS, may still use the 4 KiB default table; that table is
+	// dropped at the acknowledgement). Streams are long-lived, so re-sending
+	// header names costs little.
 	HeaderTableSize uint32
 	// ReadHeaderTimeout bounds the TLS handshake and the client preface
 	// with its SETTINGS (0: 10 s).
@@ -136,12 +141,7 @@ func (s *Server) maxHeaderList() uint32 {
 	return s.MaxHeaderListSize
 }
 
-func (s *Server) headerTable() uint32 {
-	if s.HeaderTableSize == 0 {
-		return DefaultHeaderTableSize
-	}
-	return s.HeaderTableSize
-}
+func (s *Server) headerTable() uint32 { return s.HeaderTableSize }
 
 func orDefault(d, def time.Duration) time.Duration {
 	if d == 0 {
