@@ -3,10 +3,10 @@ package gateway
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"

@@ -284,3 +284,15 @@ func (s *Server) snapshotLocked() []*conn {
 }
 
 var errServerClosed = errors.New("h2serve: server closed")
+
+// serveConn serves one already accepted connection (the fuzz target's
+// entry) and returns when it is closed.
+func (s *Server) serveConn(nc net.Conn) {
+	s.init()
+	c := s.newConn(nc)
+	s.mu.Lock()
+	s.conns[c] = struct{}{}
+	s.serving.Add(1)
+	s.mu.Unlock()
+	c.serve()
+}
