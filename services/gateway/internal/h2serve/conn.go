@@ -567,7 +567,10 @@ func (c *conn) handleHeaders(f *http2.MetaHeadersFrame) error {
 		return http2.StreamError{StreamID: id, Code: http2.ErrCodeStreamClosed}
 	}
 	c.maxSeen = id
-	if c.goAwaySent || c.closing || c.closed || c.handlers >= int(srv.maxStreams()) {
+	// The limit counts open streams, as the peer does; a reset stream's
+	// handler may still be finishing, so running handlers get a looser
+	// bound (against rapid-reset floods).
+	if c.goAwaySent || c.closing || c.closed || len(c.streams) >= int(srv.maxStreams()) || c.handlers >= 4*int(srv.maxStreams()) {
 		c.mu.Unlock()
 		return http2.StreamError{StreamID: id, Code: http2.ErrCodeRefusedStream}
 	}

@@ -70,8 +70,10 @@ type Server struct {
 	// TLSConfig, when set, makes Serve run TLS on accepted connections
 	// and require ALPN "h2"; otherwise Serve speaks h2c (prior knowledge).
 	TLSConfig *tls.Config
-	// MaxConcurrentStreams bounds the running handlers of one connection
-	// (0: 16). Streams past it are refused with REFUSED_STREAM.
+	// MaxConcurrentStreams bounds the open streams of one connection
+	// (0: 16); streams past it are refused with REFUSED_STREAM, and so are
+	// streams while 4 times as many handlers still run (reset streams'
+	// handlers finishing).
 	MaxConcurrentStreams uint32
 	// MaxHeaderListSize bounds a request's header list (0: 64 KiB);
 	// larger requests get 431.
