@@ -100,8 +100,11 @@ func (s *Server) newConn(nc net.Conn) *conn {
 		srv: s, nc: nc, raw: nc, remoteAddr: nc.RemoteAddr().String(), base: base,
 		sendWindow: 65535, recvWindow: 65535, peerInit: 65535, idleSince: time.Now(),
 	}
-	c.henc = hpack.NewEncoder(&c.hsink)
-	c.henc.SetMaxDynamicTableSizeLimit(s.headerTable())
+	if size := s.headerTable(); size > 0 {
+		c.henc = hpack.NewEncoder(&c.hsink)
+		c.henc.SetMaxDynamicTableSizeLimit(size)
+	} // else header blocks use a pooled encoder that never indexes
+
 	return c
 }
 
@@ -412,7 +415,9 @@ func (c *conn) handleSettings(f *http2.SettingsFrame) error {
 		switch st.ID {
 		case http2.SettingHeaderTableSize:
 			c.wmu.Lock()
-			c.henc.SetMaxDynamicTableSize(st.Val)
+			if c.henc != nil {
+				c.henc.SetMaxDynamicTableSize(st.Val)
+			}
 			c.wmu.Unlock()
 		case http2.SettingInitialWindowSize:
 			c.mu.Lock()
@@ -829,6 +834,21 @@ func (c *conn) writeFrames(fn func(fr *http2.Framer) error) error {
 	return err
 }
 
+// statelessEncoder never adds to its dynamic table (limit 0), so it
+// carries no state between header blocks and any connection may use any
+// of them: connections without a table keep no encoder of their own.
+type statelessEncoder struct {
+	enc  *hpack.Encoder
+	sink hpackSink
+}
+
+var statelessEncoders = sync.Pool{New: func() any {
+	se := &statelessEncoder{}
+	se.enc = hpack.NewEncoder(&se.sink)
+	se.enc.SetMaxDynamicTableSizeLimit(0)
+	return se
+}}
+
 var hopByHop = map[string]bool{
 	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Transfer-Encoding": true, "Upgrade": true,
 }
@@ -839,8 +859,18 @@ var hopByHop = map[string]bool{
 func (c *conn) writeHeaderBlock(fr *http2.Framer, id uint32, status int, h http.Header, stripPrefix bool, end bool) error {
 	b := c.hsink.b
 	b.Reset()
+	enc := c.henc
+	if enc == nil {
+		se := statelessEncoders.Get().(*statelessEncoder)
+		se.sink.b = b
+		defer func() {
+			se.sink.b = nil
+			statelessEncoders.Put(se)
+		}()
+		enc = se.enc
+	}
 	if status > 0 {
-		if err := c.henc.WriteField(hpack.HeaderField{Name: ":status", Value: strconv.Itoa(status)}); err != nil {
+		if err := enc.WriteField(hpack.HeaderField{Name: ":status", Value: strconv.Itoa(status)}); err != nil {
 			return err
 		}
 	}
@@ -853,7 +883,7 @@ func (c *conn) writeHeaderBlock(fr *http2.Framer, id uint32, status int, h http.
 		}
 		name := strings.ToLower(k)
 		for _, v := range vv {
-			if err := c.henc.WriteField(hpack.HeaderField{Name: name, Value: v}); err != nil {
+			if err := enc.WriteField(hpack.HeaderField{Name: name, Value: v}); err != nil {
 				return err
 			}
 		}

@@ -614,3 +614,19 @@ func TestDataBeyondStreamWindowResetsStream(t *testing.T) {
 	f := rc.next(func(f http2.Frame) bool { _, ok := f.(*http2.RSTStreamFrame); return ok }).(*http2.RSTStreamFrame)
 	require.Equal(t, http2.ErrCodeFlowControl, f.ErrCode)
 }
+
+func TestHeaderTableSizes(t *testing.T) {
+	for _, size := range []uint32{0, 512, 4096} {
+		ts := newTestService()
+		addr := startServer(t, &Server{Handler: ts.mux(), HeaderTableSize: size})
+		for _, hc := range []*http.Client{h2cClient(t), xClient(t)} {
+			client := connect.NewClient[wrapperspb.BytesValue, wrapperspb.BytesValue](hc, "http://"+addr+unaryPath, connect.WithGRPC())
+			for i := range 20 { // one connection: later requests use what earlier ones indexed
+				req := connect.NewRequest(wrapperspb.Bytes([]byte("h")))
+				req.Header().Set("X-Custom", strings.Repeat("c", i*10))
+				_, err := client.CallUnary(context.Background(), req)
+				require.NoError(t, err, "table %d, call %d", size, i)
+			}
+		}
+	}
+}
