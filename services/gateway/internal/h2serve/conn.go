@@ -116,8 +116,28 @@ func (c *conn) newReadFramer() *http2.Framer {
 	return fr
 }
 
-// serve is the connection's reader goroutine.
+// serve is the connection's reader goroutine. Over TLS it first runs the
+// handshake, then hands the connection to a fresh goroutine: the
+// handshake's deep crypto calls would otherwise leave the reader, for the
+// connection's whole life, with a stack twice as large as it needs.
 func (c *conn) serve() {
+	if c.srv.TLSConfig != nil && c.tlsState == nil {
+		rht := orDefault(c.srv.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+		_ = c.nc.SetDeadline(time.Now().Add(rht))
+		if err := c.handshake(rht); err != nil {
+			c.srv.Logger.Debug("h2serve: TLS handshake", "remote", c.remoteAddr, "err", err)
+			c.closeWith(err)
+			c.srv.removeConn(c)
+			c.srv.serving.Done()
+			return
+		}
+		go c.serve()
+		return
+	}
+	c.serveFrames()
+}
+
+func (c *conn) serveFrames() {
 	s := c.srv
 	var err error
 	defer func() {
@@ -132,12 +152,6 @@ func (c *conn) serve() {
 	}()
 	rht := orDefault(s.ReadHeaderTimeout, DefaultReadHeaderTimeout)
 	_ = c.nc.SetDeadline(time.Now().Add(rht))
-	if s.TLSConfig != nil {
-		if err = c.handshake(rht); err != nil {
-			s.Logger.Debug("h2serve: TLS handshake", "remote", c.remoteAddr, "err", err)
-			return
-		}
-	}
 	var preface [len(http2.ClientPreface)]byte
 	if _, err = io.ReadFull(c.nc, preface[:]); err != nil {
 		err = fmt.Errorf("h2serve: read client preface: %w", err)
