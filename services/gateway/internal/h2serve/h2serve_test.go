@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/leasehold/leasehold/pkg/tlstest"
@@ -537,6 +539,17 @@ func TestHealthAndReflectionOverGRPC(t *testing.T) {
 	require.NoError(t, err)
 	_, err = client.CallUnary(context.Background(), connect.NewRequest(wrapperspb.String("nope")))
 	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err))
+
+	// Reflection, as grpcurl uses it: a gRPC bidi stream.
+	rs := grpcreflect.NewClient(h2cClient(t), "http://"+addr, connect.WithGRPC()).NewStream(context.Background())
+	names, err := rs.ListServices()
+	require.NoError(t, err)
+	require.Contains(t, names, protoreflect.FullName("grpc.health.v1.Health"))
+	files, err := rs.FileContainingSymbol("grpc.health.v1.Health")
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	_, err = rs.Close()
+	require.NoError(t, err)
 }
 
 func TestTLS(t *testing.T) {
@@ -629,4 +642,19 @@ func TestHeaderTableSizes(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestGRPCHealthProbe runs grpc-health-probe (grpc-go's client) when it is
+// on PATH: go install github.com/grpc-ecosystem/grpc-health-probe@v0.4.63.
+func TestGRPCHealthProbe(t *testing.T) {
+	probe, err := exec.LookPath("grpc-health-probe")
+	if err != nil {
+		t.Skip("grpc-health-probe not on PATH")
+	}
+	addr := startServer(t, &Server{Handler: newTestService().mux()})
+	out, err := exec.Command(probe, "-addr", addr, "-service", "test.Echo").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "SERVING")
+	out, err = exec.Command(probe, "-addr", addr, "-service", "nope").CombinedOutput()
+	require.Error(t, err, "%s", out)
 }
