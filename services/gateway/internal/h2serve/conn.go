@@ -80,6 +80,7 @@ type conn struct {
 	peerInit    int32 // peer's SETTINGS_INITIAL_WINDOW_SIZE
 	flowCh      chan struct{}
 	goAwaySent  bool
+	settingsOut bool // our SETTINGS are written: GOAWAY may follow
 	peerGoAway  bool
 	closing     bool
 	closed      bool
@@ -183,7 +184,13 @@ func (c *conn) serveFrames() {
 	}
 	c.mu.Lock()
 	c.recvWindow = connWindow
+	c.settingsOut = true
+	goAway := c.goAwaySent
+	c.goAwaySent = false
 	c.mu.Unlock()
+	if goAway { // Shutdown came during the preface
+		c.startGoAway()
+	}
 
 	f, err := c.fr.ReadFrame()
 	if err != nil {
@@ -284,7 +291,11 @@ func (c *conn) fail(err error) error {
 		c.mu.Lock()
 		last := c.maxSeen
 		c.goAwaySent = true
+		settingsOut := c.settingsOut
 		c.mu.Unlock()
+		if !settingsOut {
+			return err
+		}
 		c.srv.Logger.Debug("h2serve: connection error", "remote", c.remoteAddr, "code", ce.code, "reason", ce.reason)
 		if c.writeFrames(func(fr *http2.Framer) error { return fr.WriteGoAway(last, ce.code, []byte(ce.reason)) }) == nil {
 			c.linger()
@@ -1011,6 +1022,11 @@ func (c *conn) startGoAway() {
 		return
 	}
 	c.goAwaySent = true
+	if !c.settingsOut {
+		// A GOAWAY may not come before SETTINGS: serve sends it after them.
+		c.mu.Unlock()
+		return
+	}
 	last := c.maxSeen
 	idle := c.handlers == 0
 	c.mu.Unlock()
@@ -1023,7 +1039,7 @@ func (c *conn) startGoAway() {
 // closeIfIdle closes a connection that sent GOAWAY and has no handlers.
 func (c *conn) closeIfIdle() {
 	c.mu.Lock()
-	idle := c.handlers == 0
+	idle := c.handlers == 0 && c.settingsOut
 	c.mu.Unlock()
 	if idle {
 		c.startGoAway()
