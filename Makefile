@@ -27,6 +27,15 @@ test: build
 		(cd $$m && go test -count=1 -timeout 15m ./...); \
 	done
 
+## test-gateway-std: the gateway module and e2e again on net/http's HTTP/2
+## server (--gateway.http2-server=std), so the fallback stays tested
+.PHONY: test-gateway-std
+test-gateway-std: build
+	@set -e; for m in services/gateway e2e; do \
+		echo "== LEASEHOLD_GATEWAY_HTTP2_SERVER=std $$m"; \
+		(cd $$m && LEASEHOLD_GATEWAY_HTTP2_SERVER=std go test -count=1 -timeout 15m ./...); \
+	done
+
 ## test-short: the same without the slow real-time failover tests
 test-short:
 	@set -e; for m in $(MODULES); do (cd $$m && go test -short -count=1 ./...); done
@@ -178,6 +187,7 @@ test-pgbouncer: build
 FUZZTIME ?= 10s
 FUZZ_TARGETS := pkg/coord:FuzzValidateName pkg/coord:FuzzValidateTTL pkg/daemon:FuzzConnectResponse \
 	pkg/process:FuzzRun services/gateway/internal/gateway:FuzzConnectRequest \
+	services/gateway/internal/h2serve:FuzzServeConn \
 	services/site-agent/internal/pxe:FuzzHandlePacket
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do dir=$${t%%:*}; name=$${t##*:}; \

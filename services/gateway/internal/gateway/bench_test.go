@@ -3,20 +3,24 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
 	"github.com/leasehold/leasehold/pkg/pgtest"
+	"github.com/leasehold/leasehold/pkg/tlstest"
 
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 )
@@ -92,15 +96,46 @@ func BenchmarkDispatchLatency(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 }
 
+// sessionHeapProfile, when set, makes BenchmarkIdleSessionMemory* write a
+// heap profile (one sample per 512 allocated bytes) of the gateway holding its idle
+// sessions: go tool pprof -sample_index=inuse_space <file>.
+var sessionHeapProfile = flag.String("session-heap-profile", "", "write a heap profile of the idle sessions to this file (BenchmarkIdleSessionMemory*)")
+
 // BenchmarkIdleSessionMemory measures the gateway's memory per idle session:
 // the heap and goroutine-stack growth for N sessions (clients in a child
-// process, each on its own connection) divided by N, after a GC.
-func BenchmarkIdleSessionMemory(b *testing.B) {
+// process, each on its own h2c connection) divided by N, after a GC.
+func BenchmarkIdleSessionMemory(b *testing.B) { benchIdleSessionMemory(b, false) }
+
+// BenchmarkIdleSessionMemoryTLS is BenchmarkIdleSessionMemory over mTLS
+// (one client certificate for every node, node-id binding off).
+func BenchmarkIdleSessionMemoryTLS(b *testing.B) { benchIdleSessionMemory(b, true) }
+
+func benchIdleSessionMemory(b *testing.B, withTLS bool) {
 	const n = 2000
 	db := pgtest.NewDB(b)
 	cfg := testConfig()
 	cfg.HelloRate, cfg.HelloBurst = 1e9, 1e9
 	cfg.LivenessInterval, cfg.HeartbeatInterval, cfg.SessionLease = time.Second, 2*time.Second, 10*time.Second
+	spec := ""
+	if withTLS {
+		dir := b.TempDir()
+		ca := tlstest.NewCA(b)
+		cfg.TLSCert, cfg.TLSKey = tlstest.WriteKeyPair(b, ca.Server(b))
+		cfg.TLSClientCA = ca.WriteCA(b)
+		cfg.TLSBindNodeID = false
+		cert, key := tlstest.WriteKeyPair(b, ca.Client(b, "bench-client"))
+		for name, src := range map[string]string{"ca.pem": cfg.TLSClientCA, "client.pem": cert, "client-key.pem": key} {
+			pem, err := os.ReadFile(src)
+			require.NoError(b, err)
+			require.NoError(b, os.WriteFile(filepath.Join(dir, name), pem, 0o600))
+		}
+		spec = "=" + dir
+	}
+	if *sessionHeapProfile != "" {
+		old := runtime.MemProfileRate
+		runtime.MemProfileRate = 512
+		defer func() { runtime.MemProfileRate = old }()
+	}
 	g := startGateway(b, db, cfg)
 	creds := registerNodes(b, db, "m", n)
 	file := filepath.Join(b.TempDir(), "creds")
@@ -110,9 +145,20 @@ func BenchmarkIdleSessionMemory(b *testing.B) {
 	}
 	require.NoError(b, os.WriteFile(file, lines, 0o600))
 
+	// Open every database connection the pool may hold before the
+	// baseline: they are a fixed cost (about 2 MiB), not a session's.
+	conns := make([]*pgxpool.Conn, db.Pool.Config().MaxConns)
+	for i := range conns {
+		c, err := db.Pool.Acquire(context.Background())
+		require.NoError(b, err)
+		conns[i] = c
+	}
+	for _, c := range conns {
+		c.Release()
+	}
 	before, beforeStack := memInUse()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envClients+"="+g.Addr()+"="+file)
+	cmd.Env = append(os.Environ(), envClients+"="+g.Addr()+"="+file+spec)
 	stdin, err := cmd.StdinPipe()
 	require.NoError(b, err)
 	stdout, err := cmd.StdoutPipe()
@@ -130,6 +176,13 @@ func BenchmarkIdleSessionMemory(b *testing.B) {
 	b.ReportMetric(float64(afterStack-beforeStack)/n, "stack-B/session")
 	b.ReportMetric(float64(runtime.NumGoroutine())/n, "goroutines/session")
 	b.ReportMetric(float64(after-before)/(1<<20)*5000/n, "MiB/5000-sessions")
+	if *sessionHeapProfile != "" {
+		f, err := os.Create(*sessionHeapProfile)
+		require.NoError(b, err)
+		require.NoError(b, pprof.Lookup("heap").WriteTo(f, 0))
+		require.NoError(b, f.Close())
+		b.Logf("heap profile written to %s (go tool pprof -sample_index=inuse_space -top %s)", *sessionHeapProfile, *sessionHeapProfile)
+	}
 }
 
 // memInUse returns heap + stacks, and stacks alone, after a GC.

@@ -57,6 +57,11 @@ type Config struct {
 	// time, so idle dials cannot hold stream slots.
 	HelloTimeout time.Duration
 
+	// HTTP2Server picks the HTTP/2 server of node streams: "lean"
+	// (internal/h2serve: two goroutines per idle session) or "std"
+	// (net/http's, the fallback).
+	HTTP2Server string
+
 	// DrainMaxDelay bounds the random Drain delay sent on SIGTERM; the
 	// gateway waits at most DrainMaxDelay plus DrainGrace for streams to go.
 	DrainMaxDelay, DrainGrace time.Duration
@@ -84,8 +89,15 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.SpecPoll, "gateway.spec-poll", 2*time.Second, "node spec poll interval (NOTIFY pushes a changed spec earlier)")
 	fs.DurationVar(&c.DrainMaxDelay, "gateway.drain-max-delay", 60*time.Second, "upper bound of the random Drain delay sent on SIGTERM")
 	fs.DurationVar(&c.HelloTimeout, "gateway.hello-timeout", 10*time.Second, "close a stream whose Hello has not arrived within this long")
+	fs.StringVar(&c.HTTP2Server, "gateway.http2-server", HTTP2Lean, "HTTP/2 server of node streams: lean (internal/h2serve, least memory per session) or std (net/http)")
 	fs.DurationVar(&c.DrainGrace, "gateway.drain-grace", 5*time.Second, "extra wait after the drain delay before closing the remaining streams")
 }
+
+// Values of --gateway.http2-server.
+const (
+	HTTP2Lean = "lean"
+	HTTP2Std  = "std"
+)
 
 // Defaults returns the configuration RegisterFlags would produce.
 func Defaults() Config {
@@ -153,6 +165,9 @@ func (c *Config) Validate() error {
 	}
 	if c.DrainMaxDelay < 0 || c.DrainGrace < 0 {
 		errs = append(errs, fmt.Errorf("--gateway.drain-max-delay %s and --gateway.drain-grace %s must not be negative", c.DrainMaxDelay, c.DrainGrace))
+	}
+	if c.HTTP2Server != HTTP2Lean && c.HTTP2Server != HTTP2Std {
+		errs = append(errs, fmt.Errorf("--gateway.http2-server %q must be %q or %q", c.HTTP2Server, HTTP2Lean, HTTP2Std))
 	}
 	return errors.Join(errs...)
 }

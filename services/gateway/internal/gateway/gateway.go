@@ -42,6 +42,7 @@ import (
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
 	"github.com/leasehold/leasehold/pkg/health"
+	"github.com/leasehold/leasehold/services/gateway/internal/h2serve"
 )
 
 // Deps are what a gateway needs from its process.
@@ -83,7 +84,7 @@ type Gateway struct {
 	checker   *grpchealth.StaticChecker
 
 	ln  net.Listener
-	srv *http.Server
+	srv nodeServer
 
 	state   atomic.Int32
 	streams atomic.Int64
@@ -232,12 +233,46 @@ type (
 	tlsStateKey struct{}
 )
 
+// nodeServer is the HTTP/2 server of node streams: h2serve's (lean) or
+// net/http's (std).
+type nodeServer interface {
+	Serve(ln net.Listener) error
+	Shutdown(ctx context.Context) error
+	Close() error
+}
+
+// stdServer serves TLS through ServeTLS when its TLSConfig is set.
+type stdServer struct{ *http.Server }
+
+func (s stdServer) Serve(ln net.Listener) error {
+	if s.TLSConfig != nil {
+		return s.ServeTLS(ln, "", "")
+	}
+	return s.Server.Serve(ln)
+}
+
+// Timings of node stream connections, on both servers.
+const (
+	readHeaderTimeout = 10 * time.Second
+	connIdleTimeout   = 5 * time.Minute
+	// A node host that vanishes sends no RST: ping idle connections.
+	pingInterval = 15 * time.Second
+	pingTimeout  = 5 * time.Second
+	writeTimeout = 30 * time.Second
+	// maxConnStreams is per connection; a daemon holds one stream.
+	maxConnStreams = 16
+	maxHeaderBytes = 64 << 10
+)
+
 // newServer builds the HTTP/2 server of node streams.
-func (g *Gateway) newServer() (*http.Server, error) {
+func (g *Gateway) newServer() (nodeServer, error) {
 	mux := http.NewServeMux()
 	path, h := nodev1connect.NewNodeGatewayServiceHandler(g,
 		connect.WithReadMaxBytes(g.cfg.MaxMessageBytes),
 		connect.WithSendMaxBytes(g.cfg.MaxMessageBytes),
+		// Heartbeats and acks are tiny: compressing them costs a
+		// compressor per stream and saves nothing.
+		connect.WithCompressMinBytes(1024),
 	)
 	// Keep the request body reachable from the handler: closing it breaks
 	// a pending Receive, which is how a session is closed from outside. The
@@ -251,27 +286,53 @@ func (g *Gateway) newServer() (*http.Server, error) {
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
 
+	tc, err := g.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	if g.cfg.HTTP2Server == HTTP2Lean {
+		return &h2serve.Server{
+			Handler:              mux,
+			TLSConfig:            tc,
+			MaxConcurrentStreams: maxConnStreams,
+			MaxHeaderListSize:    maxHeaderBytes,
+			ReadHeaderTimeout:    readHeaderTimeout,
+			WriteTimeout:         writeTimeout,
+			PingInterval:         pingInterval,
+			PingTimeout:          pingTimeout,
+			IdleTimeout:          connIdleTimeout,
+			Logger:               g.log,
+		}, nil
+	}
 	protocols := new(http.Protocols)
 	srv := &http.Server{
 		Handler:           mux,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       5 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       connIdleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 		Protocols:         protocols,
 		HTTP2: &http.HTTP2Config{
-			MaxConcurrentStreams: 16,
-			// A node host that vanishes sends no RST: ping idle connections.
-			SendPingTimeout:  15 * time.Second,
-			PingTimeout:      5 * time.Second,
-			WriteByteTimeout: 30 * time.Second,
+			MaxConcurrentStreams: maxConnStreams,
+			SendPingTimeout:      pingInterval,
+			PingTimeout:          pingTimeout,
+			WriteByteTimeout:     writeTimeout,
 		},
 	}
-	if g.cfg.TLSCert == "" {
+	if tc == nil {
 		protocols.SetUnencryptedHTTP2(true) // h2c: loopback and tests
-		return srv, nil
+		return stdServer{srv}, nil
 	}
 	protocols.SetHTTP2(true)
+	srv.TLSConfig = tc
+	return stdServer{srv}, nil
+}
+
+// tlsConfig is the node streams' TLS configuration (nil: h2c).
+func (g *Gateway) tlsConfig() (*tls.Config, error) {
+	if g.cfg.TLSCert == "" {
+		return nil, nil
+	}
 	cert, err := tls.LoadX509KeyPair(g.cfg.TLSCert, g.cfg.TLSKey)
 	if err != nil {
 		return nil, fmt.Errorf("load --tls-cert %s / --tls-key %s: %w", g.cfg.TLSCert, g.cfg.TLSKey, err)
@@ -288,21 +349,12 @@ func (g *Gateway) newServer() (*http.Server, error) {
 		}
 		tc.ClientCAs, tc.ClientAuth = pool, tls.RequireAndVerifyClientCert
 	}
-	srv.TLSConfig = tc
-	return srv, nil
+	return tc, nil
 }
 
 func (g *Gateway) running(ctx context.Context) error {
 	serveErr := make(chan error, 1)
-	go func() {
-		var err error
-		if g.srv.TLSConfig != nil {
-			err = g.srv.ServeTLS(g.ln, "", "")
-		} else {
-			err = g.srv.Serve(g.ln)
-		}
-		serveErr <- err
-	}()
+	go func() { serveErr <- g.srv.Serve(g.ln) }()
 
 	loopCtx, cancelLoops := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup

@@ -25,6 +25,38 @@ func TestConfigRefusesBadOrderings(t *testing.T) {
 	c = Defaults()
 	c.SessionLease = 15 * time.Second
 	require.ErrorContains(t, c.Validate(), "--gateway.session-lease 15s must be greater than --gateway.lease-ttl 20s")
+	c = Defaults()
+	require.Equal(t, HTTP2Lean, c.HTTP2Server)
+	c.HTTP2Server = "fast"
+	require.ErrorContains(t, c.Validate(), `--gateway.http2-server "fast" must be "lean" or "std"`)
+}
+
+// TestSlowNodeQueueOverflowClosesSession: messages queued past maxQueued
+// close the session RESOURCE_EXHAUSTED, on either HTTP/2 server (inline
+// sends on the lean one, a writer goroutine on net/http's), and the node
+// learns why.
+func TestSlowNodeQueueOverflowClosesSession(t *testing.T) {
+	db := pgtest.NewDB(t)
+	g := startGateway(t, db, testConfig())
+	creds := registerNodes(t, db, "q", 1)
+	s := dialRaw(t, g.Addr())
+	s.welcome(t, "q-0", creds[0])
+	g.mu.Lock()
+	sess := g.sessions["q-0"]
+	g.mu.Unlock()
+	require.NotNil(t, sess)
+	require.True(t, sess.enqueue(&nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_HeartbeatAck{HeartbeatAck: &nodev1.HeartbeatAck{Sequence: 1}}}))
+	m, err := s.recv(t, 5*time.Second)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, m.GetHeartbeatAck().GetSequence(), "a queued message is sent")
+	flood := make([]*nodev1.ConnectResponse, maxQueued+1)
+	for i := range flood {
+		flood[i] = &nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_HeartbeatAck{HeartbeatAck: &nodev1.HeartbeatAck{}}}
+	}
+	require.False(t, sess.enqueue(flood...))
+	require.Equal(t, connect.CodeResourceExhausted, s.recvUntilErr(t, 5*time.Second))
+	require.False(t, sess.enqueue(flood[0]), "no Send after the session closed")
+	require.Eventually(t, func() bool { return g.SessionCount() == 0 }, 5*time.Second, 10*time.Millisecond)
 }
 
 func TestHelloWelcomeDispatchResult(t *testing.T) {

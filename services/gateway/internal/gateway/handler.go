@@ -43,10 +43,35 @@ const (
 	maxCredentialSz = nodeauth.MaxCredentialLen
 )
 
+// helloWorkTimeout bounds the Hello's credential check and transaction.
+const helloWorkTimeout = 15 * time.Second
+
+// readableBody is a request body that says when Read would not block
+// (h2serve's).
+type readableBody interface {
+	WaitReadable() <-chan struct{}
+}
+
 // receiveHello waits at most HelloTimeout for the stream's first message.
 // On a timeout the handler returns, which ends the stream and with it the
 // blocked Receive.
-func (g *Gateway) receiveHello(stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse]) (*nodev1.ConnectRequest, error) {
+func (g *Gateway) receiveHello(ctx context.Context, stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse]) (*nodev1.ConnectRequest, error) {
+	if body, ok := ctx.Value(bodyKey{}).(readableBody); ok {
+		// The lean server says when the body is readable: wait here, no
+		// goroutine. (A Hello cut mid-message still ends with the stream.)
+		t := g.clock.NewTimer(g.cfg.HelloTimeout)
+		defer t.Stop()
+		select {
+		case <-body.WaitReadable():
+		case <-t.Chan():
+			return nil, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("no Hello within %s", g.cfg.HelloTimeout))
+		}
+		m, err := stream.Receive()
+		if err != nil {
+			return nil, receiveError(err)
+		}
+		return m, nil
+	}
 	type received struct {
 		msg *nodev1.ConnectRequest
 		err error
@@ -86,7 +111,7 @@ func (g *Gateway) Connect(ctx context.Context, stream *connect.BidiStream[nodev1
 		return g.pushback(stream, "max-streams", 5*time.Second+rand.N(5*time.Second), connect.CodeResourceExhausted)
 	}
 
-	first, err := g.receiveHello(stream)
+	first, err := g.receiveHello(ctx, stream)
 	if err != nil {
 		g.m.hellos.WithLabelValues("refused").Inc()
 		return err
@@ -116,7 +141,11 @@ func (g *Gateway) Connect(ctx context.Context, stream *connect.BidiStream[nodev1
 		g.pending.Add(-1)
 		return g.pushback(stream, "max-pending-hellos", 500*time.Millisecond+rand.N(500*time.Millisecond), connect.CodeResourceExhausted)
 	}
-	s, welcome, replays, err := g.hello(ctx, stream, hello)
+	// The Hello's database work runs detached from the stream, bounded, so
+	// a client vanishing mid-Hello cannot abort it half-way.
+	helloCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), helloWorkTimeout)
+	s, welcome, replays, err := g.hello(helloCtx, stream, hello)
+	cancel()
 	g.pending.Add(-1)
 	if err != nil {
 		return err
@@ -334,6 +363,9 @@ func (g *Gateway) hello(ctx context.Context, stream *connect.BidiStream[nodev1.C
 			_ = body.Close()
 		}
 	}}
+	if _, ok := body.(readableBody); ok {
+		s.inline, s.wake = true, make(chan struct{}, 1)
+	}
 	s.touch(g.clock.Now())
 	s.specVersion.Store(specVer)
 	welcome := &nodev1.Welcome{
@@ -372,8 +404,26 @@ func (g *Gateway) serveSession(ctx context.Context, stream *connect.BidiStream[n
 	g.wakeSpec(s.nodeID) // a spec changed between the Hello and registration
 	g.log.Debug("session opened", "node", s.nodeID, "epoch", s.epoch, "replayed", len(replays))
 
-	var streamErr *connect.Error
+	var (
+		streamErr *connect.Error
+		readable  <-chan struct{}
+	)
+	body, _ := ctx.Value(bodyKey{}).(readableBody)
 	for {
+		if s.inline {
+			if s.sendQueued() != nil {
+				break
+			}
+			if readable == nil {
+				readable = body.WaitReadable()
+			}
+			select {
+			case <-s.wake:
+				continue
+			case <-readable:
+				readable = nil
+			}
+		}
 		req, err := stream.Receive()
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !s.isClosed() {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"testing"
 	"time"
 
@@ -37,8 +38,16 @@ func testConfig() Config {
 	c.HeartbeatInterval = time.Second
 	c.DispatchPoll = 200 * time.Millisecond
 	c.DrainMaxDelay, c.DrainGrace = 0, 200*time.Millisecond
+	// LEASEHOLD_GATEWAY_HTTP2_SERVER=std runs the suite on net/http's server.
+	if v := os.Getenv(envHTTP2Server); v != "" {
+		c.HTTP2Server = v
+	}
 	return c
 }
+
+// envHTTP2Server picks the gateways' HTTP/2 server in tests (the
+// --gateway.http2-server flag's environment fallback).
+const envHTTP2Server = "LEASEHOLD_GATEWAY_HTTP2_SERVER"
 
 var gwSeq int
 

@@ -14,12 +14,20 @@ import (
 // is closed and its commands are replayed on the next Hello.
 const maxQueued = 1024
 
-// session is one node's stream on this gateway. An idle session costs one
-// goroutine: the handler blocked in Receive. Messages to the node go through
-// a FIFO drained by a writer goroutine that exists only while the queue is
-// not empty, so dispatch never blocks on a slow node and Sends never overlap.
+// session is one node's stream on this gateway. Messages to the node go
+// through a bounded FIFO, so dispatch never blocks on a slow node and Sends
+// never overlap. Who sends depends on the server:
+//
+//   - inline (the lean server, whose request body can say when it is
+//     readable): the handler goroutine itself waits for either the body or
+//     the queue, then Receives or Sends. An idle session costs the handler
+//     goroutine only.
+//   - otherwise (net/http): the handler blocks in Receive and a writer
+//     goroutine, which exists only while the queue is not empty, Sends.
+//
 // A session is closed from outside by closing the request body, which breaks
-// the pending Receive; the handler then returns the recorded reason.
+// the pending Receive (or wakes the inline wait); the handler then returns
+// the recorded reason.
 type session struct {
 	nodeID string
 	epoch  int64
@@ -31,6 +39,11 @@ type session struct {
 	// specVersion is the nodes.spec_version the node last received (in
 	// Welcome or a NodeSpecUpdate).
 	specVersion atomic.Int64
+
+	// inline: the handler sends; wake (capacity 1) tells it the queue
+	// has messages.
+	inline bool
+	wake   chan struct{}
 
 	mu       sync.Mutex
 	queue    []*nodev1.ConnectResponse
@@ -57,6 +70,14 @@ func (s *session) enqueue(msgs ...*nodev1.ConnectResponse) bool {
 		return false
 	}
 	s.queue = append(s.queue, msgs...)
+	if s.inline {
+		s.mu.Unlock()
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+		return true
+	}
 	if !s.writing {
 		s.writing = true
 		s.writerCh = make(chan struct{})
@@ -91,6 +112,29 @@ func (s *session) write(done chan struct{}) {
 	}
 }
 
+// sendQueued sends the queued messages from the handler goroutine (inline
+// sessions); an error means the stream failed and the session is closed.
+func (s *session) sendQueued() error {
+	for {
+		s.mu.Lock()
+		if s.closed || len(s.queue) == 0 {
+			if len(s.queue) == 0 {
+				s.queue = nil
+			}
+			s.mu.Unlock()
+			return nil
+		}
+		msg := s.queue[0]
+		s.queue[0] = nil
+		s.queue = s.queue[1:]
+		s.mu.Unlock()
+		if err := s.send(msg); err != nil {
+			s.close(nil)
+			return err
+		}
+	}
+}
+
 // close ends the session with reason (nil: the stream itself failed). Only
 // the first close counts.
 func (s *session) close(reason *connect.Error) {
@@ -111,6 +155,9 @@ func (s *session) close(reason *connect.Error) {
 func (s *session) finish() *connect.Error {
 	s.mu.Lock()
 	s.closed = true
+	if s.inline {
+		s.queue = nil
+	}
 	ch := s.writerCh
 	writing := s.writing
 	reason := s.reason
