@@ -81,6 +81,7 @@ func main() {
 	res.print(os.Stdout)
 	if err := harness.WriteJSON(c.jsonPath, res); err != nil {
 		fmt.Fprintln(os.Stderr, "leasefailover: write json:", err)
+		os.Exit(2) // -json was asked for and not written
 	}
 	if !res.Gate.Pass {
 		os.Exit(1)

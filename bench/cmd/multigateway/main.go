@@ -65,6 +65,7 @@ func main() {
 	res.print(os.Stdout)
 	if err := harness.WriteJSON(c.jsonPath, res); err != nil {
 		fmt.Fprintln(os.Stderr, "multigateway: write json:", err)
+		os.Exit(2) // -json was asked for and not written
 	}
 	if !res.Gate.Pass {
 		os.Exit(1)

@@ -111,6 +111,7 @@ func main() {
 	res.print(os.Stdout)
 	if err := harness.WriteJSON(c.jsonPath, res); err != nil {
 		fmt.Fprintln(os.Stderr, "throughput: write json:", err)
+		os.Exit(2) // -json was asked for and not written
 	}
 }
 

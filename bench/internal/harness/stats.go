@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"time"
 )
@@ -46,14 +47,18 @@ func (d Dist) String() string {
 	return fmt.Sprintf("p50 %.2fs  p99 %.2fs  max %.2fs  (min %.2fs, n=%d)", d.P50, d.P99, d.Max, d.Min, d.N)
 }
 
-// WriteJSON writes v indented to path ("" does nothing).
+// WriteJSON writes v indented to path ("" does nothing), creating the
+// path's directory when missing.
 func WriteJSON(path string, v any) error {
 	if path == "" {
 		return nil
 	}
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		return err
+		return fmt.Errorf("encode results: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("results directory: %w", err)
 	}
 	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
