@@ -11,6 +11,8 @@ import (
 	"github.com/leasehold/leasehold/pkg/pgtest"
 )
 
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
 func TestScaledClockRunsRateTimesFaster(t *testing.T) {
 	base := clockwork.NewFakeClockAt(time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC))
 	epoch := base.Now()

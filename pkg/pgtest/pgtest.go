@@ -83,11 +83,15 @@ var (
 	srv       *server
 	startErr  error
 	dbSeq     atomic.Int64
+	// inMain is set by Main: without it nothing stops the server this
+	// binary starts, so Server refuses to start one.
+	inMain atomic.Bool
 )
 
 // Main runs the package's tests, stops the server this binary started and
 // checks that no goroutine leaked. Call it from TestMain.
 func Main(m *testing.M) {
+	inMain.Store(true)
 	code := m.Run()
 	if srv != nil {
 		srv.stop()
@@ -204,6 +208,9 @@ func newDB(t testing.TB, template string) *DB {
 // Server returns the binary's test server, starting it on first use.
 func Server(t testing.TB) *server {
 	t.Helper()
+	if !inMain.Load() {
+		t.Fatalf("pgtest: the package's TestMain must call pgtest.Main(m); without it the PostgreSQL server this binary starts outlives it")
+	}
 	startOnce.Do(func() {
 		srv, startErr = start(context.Background())
 	})
