@@ -67,8 +67,10 @@ migrate:
 	go run ./tools/devstack -migrate-only
 
 ## run: start PostgreSQL under .dev/ (unless LEASEHOLD_DATABASE_URL is set) and every service
+## (built, not `go run`: go run exits 1 on Ctrl-C even when the stack stopped cleanly)
 run: build
-	go run ./tools/devstack -bin $(BIN) $(RUN_ARGS)
+	go build -o $(BIN)/leasehold-devstack ./tools/devstack
+	$(BIN)/leasehold-devstack -bin $(BIN) $(RUN_ARGS)
 
 tidy:
 	@for m in $(MODULES) $(CURDIR)/tools; do (cd $$m && GOWORK=off go mod tidy) || exit 1; done
