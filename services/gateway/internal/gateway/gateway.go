@@ -224,7 +224,7 @@ func (g *Gateway) starting(ctx context.Context) error {
 	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusServing)
 	g.checker.SetStatus("", grpchealth.StatusServing)
 	g.log.Info("gateway serving", "addr", ln.Addr().String(), "lease", l.Name, "epoch", l.Epoch, "tls", g.cfg.TLSCert != "",
-		"mtls", g.cfg.TLSClientCA != "", "bind_node_id", g.bindsNodeID())
+		"mtls", g.cfg.TLSClientCA != "", "bind_node_id", g.bindsNodeID(), "http2", g.cfg.HTTP2Server)
 	return nil
 }
 
