@@ -175,15 +175,18 @@ func (b *requestBody) push(data []byte, end bool) {
 }
 
 // fail makes Read return err once the buffered data is gone... or at once:
-// a reset stream's data is dropped.
+// a reset stream's data is dropped, and its bytes go back to the
+// connection window.
 func (b *requestBody) fail(err error) {
 	b.mu.Lock()
 	if b.err == nil {
 		b.err = err
 	}
+	unread := len(b.buf) - b.r
 	b.releaseLocked()
 	b.signalLocked()
 	b.mu.Unlock()
+	b.s.c.credit(nil, unread)
 }
 
 // responseWriter is the stream's http.ResponseWriter. Like net/http's, it
