@@ -213,6 +213,14 @@ func (c *conn) serveFrames() {
 	for {
 		f, err = c.fr.ReadFrame()
 		if err != nil {
+			// The framer read the whole frame (and decoded the whole
+			// header block): a stream error leaves the connection usable.
+			var se http2.StreamError
+			if errors.As(err, &se) && se.StreamID%2 == 1 {
+				c.streamError(se.StreamID, se.Code)
+				err = nil
+				continue
+			}
 			err = c.readError(err)
 			return
 		}
@@ -277,7 +285,8 @@ func (c *conn) readError(err error) error {
 	}
 	var se http2.StreamError
 	if errors.As(err, &se) {
-		// Only reached for the first frame; later ones are handled in the loop.
+		// The first frame, or one on an even stream: later ones on client
+		// streams are handled in the loop.
 		return c.fail(connError{http2.ErrCodeProtocol, err.Error()})
 	}
 	c.srv.Logger.Debug("h2serve: read", "remote", c.remoteAddr, "err", err)

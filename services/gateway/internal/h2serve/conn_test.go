@@ -53,3 +53,41 @@ func TestResetStreamReturnsUnreadDataToConnWindow(t *testing.T) {
 		require.NoError(t, rc.fr.WriteRSTStream(id, http2.ErrCodeCancel))
 	}
 }
+
+// TestMalformedRequestIsStreamError: a request the framer rejects (an
+// upper-case header name, RFC 9113 section 8.2.1) is a stream error: the
+// stream is reset and the connection's other streams carry on.
+func TestMalformedRequestIsStreamError(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	rc := dialRaw(t, startServer(t, &Server{Handler: h}))
+	rc.headers(1, false, requestFields("/")...)
+	rc.next(func(f http2.Frame) bool { _, ok := f.(*http2.MetaHeadersFrame); return ok })
+	rc.headers(3, true, requestFields("/", "X-Upper", "v")...)
+	f := rc.next(func(f http2.Frame) bool {
+		_, rst := f.(*http2.RSTStreamFrame)
+		return rst || isGoAway(f)
+	})
+	rst, ok := f.(*http2.RSTStreamFrame)
+	require.True(t, ok, "got %v", f)
+	require.Equal(t, uint32(3), rst.StreamID)
+	require.Equal(t, http2.ErrCodeProtocol, rst.ErrCode)
+	// A zero WINDOW_UPDATE increment on a stream is a stream error too.
+	require.NoError(t, rc.fr.WriteWindowUpdate(1, 0))
+	f = rc.next(func(f http2.Frame) bool {
+		_, rst := f.(*http2.RSTStreamFrame)
+		return rst || isGoAway(f)
+	})
+	rst, ok = f.(*http2.RSTStreamFrame)
+	require.True(t, ok, "got %v", f)
+	require.Equal(t, uint32(1), rst.StreamID)
+	require.Equal(t, http2.ErrCodeProtocol, rst.ErrCode)
+	// The connection still serves.
+	rc.headers(5, true, requestFields("/nope")...)
+	hf := rc.next(func(f http2.Frame) bool { _, ok := f.(*http2.MetaHeadersFrame); return ok || isGoAway(f) })
+	require.IsType(t, &http2.MetaHeadersFrame{}, hf)
+	require.Equal(t, uint32(5), hf.Header().StreamID)
+}
