@@ -819,6 +819,26 @@ func (c *conn) takeSendCredit(s *stream, n int) (int, error) {
 	}
 }
 
+// streamResetErr is why s may send no more frames (nil: it may). The
+// caller may hold wmu.
+func (c *conn) streamResetErr(s *stream) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return s.resetErr
+}
+
+// returnConnCredit gives back connection send window taken for DATA that
+// was not sent (its stream's window no longer matters).
+func (c *conn) returnConnCredit(n int) {
+	if n <= 0 {
+		return
+	}
+	c.mu.Lock()
+	c.sendWindow += int32(n)
+	c.broadcastLocked()
+	c.mu.Unlock()
+}
+
 // frameWriter is a pooled bufio.Writer and framer over it, and a buffer for
 // HPACK output: taken by one write and put back.
 type frameWriter struct {

@@ -91,3 +91,32 @@ func TestMalformedRequestIsStreamError(t *testing.T) {
 	require.IsType(t, &http2.MetaHeadersFrame{}, hf)
 	require.Equal(t, uint32(5), hf.Header().StreamID)
 }
+
+// TestNoFramesAfterReset: once a stream is reset a handler's flush sends
+// nothing on it (RFC 9113 section 5.1: no frames on a closed stream) and
+// reports the reset.
+func TestNoFramesAfterReset(t *testing.T) {
+	flushErr := make(chan error, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done()
+		w.WriteHeader(http.StatusOK)
+		flushErr <- w.(interface{ FlushError() error }).FlushError()
+	})
+	rc := dialRaw(t, startServer(t, &Server{Handler: h}))
+	rc.headers(1, false, requestFields("/")...)
+	require.NoError(t, rc.fr.WriteRSTStream(1, http2.ErrCodeCancel))
+	select {
+	case err := <-flushErr:
+		require.ErrorIs(t, err, errStreamReset)
+	case <-time.After(5 * time.Second):
+		t.Fatal("handler did not flush")
+	}
+	require.NoError(t, rc.fr.WritePing(false, [8]byte{7}))
+	rc.next(func(f http2.Frame) bool {
+		if f.Header().StreamID == 1 {
+			t.Fatalf("frame on the reset stream: %v", f)
+		}
+		p, ok := f.(*http2.PingFrame)
+		return ok && p.IsAck()
+	})
+}

@@ -317,7 +317,13 @@ func (w *responseWriter) send(end, headerEnd bool) error {
 		if !sendHeader && len(chunk) == 0 && !last {
 			return nil
 		}
+		var gone error
 		err := c.writeFrames(func(fr *http2.Framer) error {
+			// Checked under the write mutex: a reset's RST_STREAM is
+			// written after resetErr is set, so nothing follows it.
+			if gone = c.streamResetErr(s); gone != nil {
+				return nil
+			}
 			if sendHeader {
 				if err := c.writeHeaderBlock(fr, s.id, w.status, w.snapshot, false, headerEnd); err != nil {
 					return err
@@ -331,6 +337,10 @@ func (w *responseWriter) send(end, headerEnd bool) error {
 			}
 			return nil
 		})
+		if gone != nil && err == nil {
+			c.returnConnCredit(len(chunk))
+			err = gone
+		}
 		w.sentHeader, w.snapshot = true, nil
 		if err != nil {
 			w.err = err
@@ -381,6 +391,9 @@ func (w *responseWriter) finish() {
 		return
 	}
 	_ = c.writeFrames(func(fr *http2.Framer) error {
+		if c.streamResetErr(w.s) != nil {
+			return nil
+		}
 		return c.writeHeaderBlock(fr, w.s.id, 0, trailers, true, true)
 	})
 }
