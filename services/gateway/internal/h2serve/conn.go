@@ -613,15 +613,23 @@ func (c *conn) handleHeaders(f *http2.MetaHeadersFrame) error {
 		c.mu.Unlock()
 		return http2.StreamError{StreamID: id, Code: http2.ErrCodeRefusedStream}
 	}
+	// Counted from here: an idle check (Shutdown, a GOAWAY) must not close
+	// the connection under a stream it has accepted.
+	c.handlers++
+	c.idleSince = time.Time{}
 	c.mu.Unlock()
 
 	if f.Truncated {
-		return c.refuseHeaders(id, f.StreamEnded())
+		err := c.refuseHeaders(id, f.StreamEnded())
+		c.unreserve()
+		return err
 	}
 	r, err := c.newRequest(f)
 	if err != nil {
 		srv.Logger.Debug("h2serve: bad request headers", "remote", c.remoteAddr, "err", err)
-		return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: err}
+		_ = c.writeFrames(func(fr *http2.Framer) error { return fr.WriteRSTStream(id, http2.ErrCodeProtocol) })
+		c.unreserve()
+		return nil
 	}
 	s := &stream{c: c, id: id, recvWindow: streamWindow}
 	s.body.s = s
@@ -639,15 +647,35 @@ func (c *conn) handleHeaders(f *http2.MetaHeadersFrame) error {
 	r = r.WithContext(ctx)
 
 	c.mu.Lock()
+	if c.closed { // closeWith, run meanwhile, could not cancel it
+		c.mu.Unlock()
+		cancel(errConnClosed)
+		c.unreserve()
+		return nil
+	}
 	s.sendWindow = c.peerInit
 	c.streams = append(c.streams, s)
-	c.handlers++
-	c.idleSince = time.Time{}
 	c.mu.Unlock()
 	srv.streamsWG.Add(1)
 	srv.handlers.Add(1)
 	go c.runHandler(s, r)
 	return nil
+}
+
+// unreserve gives back the handler slot handleHeaders took for a stream
+// that is not served after all.
+func (c *conn) unreserve() {
+	c.mu.Lock()
+	c.handlers--
+	idle := c.handlers == 0
+	if idle {
+		c.idleSince = time.Now()
+	}
+	closeNow := idle && (c.goAwaySent || c.peerGoAway)
+	c.mu.Unlock()
+	if closeNow {
+		c.closeGraceful()
+	}
 }
 
 // refuseHeaders answers a request whose header list is too large with 431.

@@ -1,7 +1,9 @@
 package h2serve
 
 import (
+	"context"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -119,4 +121,47 @@ func TestNoFramesAfterReset(t *testing.T) {
 		p, ok := f.(*http2.PingFrame)
 		return ok && p.IsAck()
 	})
+}
+
+// hookCtx runs hook when a request context is derived from it.
+type hookCtx struct {
+	context.Context
+	hook func()
+}
+
+func (h hookCtx) Done() <-chan struct{} { h.hook(); return nil }
+
+// TestStreamOpenedAsConnectionClosesIsCancelled: a connection closed (by
+// Close, a PING timeout, a failed write) while its reader is setting up a
+// new stream must still cancel that stream's handler.
+func TestStreamOpenedAsConnectionClosesIsCancelled(t *testing.T) {
+	srv := &Server{}
+	var once sync.Once
+	srv.BaseContext = hookCtx{Context: context.Background(), hook: func() {
+		once.Do(func() { // between the checks of handleHeaders and the stream's registration
+			srv.mu.Lock()
+			conns := srv.snapshotLocked()
+			srv.mu.Unlock()
+			for _, c := range conns {
+				c.closeWith(errServerClosed)
+			}
+		})
+	}}
+	release := make(chan struct{})
+	srv.Handler = http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	})
+	rc := dialRaw(t, startServer(t, srv))
+	t.Cleanup(func() { close(release) })
+	rc.headers(1, false, requestFields("/")...)
+	require.Eventually(t, func() bool {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return len(srv.conns) == 0
+	}, 3*time.Second, 5*time.Millisecond, "the connection is gone")
+	require.Eventually(t, func() bool { return srv.streamsWG.Load() == 0 }, 3*time.Second, 5*time.Millisecond,
+		"the handler of a stream opened as its connection closed was never cancelled")
 }
