@@ -258,7 +258,13 @@ func (c *conn) handshake(timeout time.Duration) error {
 	if cs.NegotiatedProtocol != "h2" {
 		return fmt.Errorf("h2serve: client negotiated %q, not h2 (HTTP/1 is not served)", cs.NegotiatedProtocol)
 	}
+	c.mu.Lock() // closeWith may run meanwhile (Server.Close)
+	closed := c.closed
 	c.nc, c.tlsState = tc, &cs
+	c.mu.Unlock()
+	if closed {
+		return errConnClosed
+	}
 	return nil
 }
 
@@ -1153,8 +1159,9 @@ func (c *conn) closeWith(err error) {
 	if c.timer != nil {
 		c.timer.Stop()
 	}
+	nc := c.nc
 	c.mu.Unlock()
-	_ = c.nc.Close()
+	_ = nc.Close()
 	for _, s := range streams {
 		s.cancel(err)
 		s.body.fail(err)

@@ -2,6 +2,8 @@ package h2serve
 
 import (
 	"context"
+	"crypto/tls"
+	"net"
 	"net/http"
 	"sync"
 	"testing"
@@ -9,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/http2"
+
+	"github.com/leasehold/leasehold/pkg/tlstest"
 )
 
 // TestResetStreamReturnsUnreadDataToConnWindow: DATA buffered for a
@@ -164,4 +168,34 @@ func TestStreamOpenedAsConnectionClosesIsCancelled(t *testing.T) {
 	}, 3*time.Second, 5*time.Millisecond, "the connection is gone")
 	require.Eventually(t, func() bool { return srv.streamsWG.Load() == 0 }, 3*time.Second, 5*time.Millisecond,
 		"the handler of a stream opened as its connection closed was never cancelled")
+}
+
+// TestCloseDuringTLSHandshake: Close may run while connections are in
+// their TLS handshake (run with -race).
+func TestCloseDuringTLSHandshake(t *testing.T) {
+	ca := tlstest.NewCA(t)
+	cfg := &tls.Config{Certificates: []tls.Certificate{ca.Server(t)}, MinVersion: tls.VersionTLS12}
+	for range 20 {
+		srv := &Server{Handler: http.NotFoundHandler(), TLSConfig: cfg}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { done <- srv.Serve(ln) }()
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				nc, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{RootCAs: ca.Pool(), NextProtos: []string{"h2"}, MinVersion: tls.VersionTLS12})
+				if err == nil {
+					_ = nc.Close()
+				}
+			}()
+		}
+		time.Sleep(time.Millisecond)
+		require.NoError(t, srv.Close())
+		require.ErrorIs(t, <-done, ErrServerClosed)
+		wg.Wait()
+		srv.Wait()
+	}
 }
