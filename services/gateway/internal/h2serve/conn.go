@@ -861,6 +861,13 @@ func (c *conn) streamResetErr(s *stream) error {
 	return s.resetErr
 }
 
+// hasSendCredit reports whether s could send DATA now.
+func (c *conn) hasSendCredit(s *stream) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sendWindow > 0 && s.sendWindow > 0
+}
+
 // returnConnCredit gives back connection send window taken for DATA that
 // was not sent (its stream's window no longer matters).
 func (c *conn) returnConnCredit(n int) {

@@ -199,3 +199,21 @@ func TestCloseDuringTLSHandshake(t *testing.T) {
 		srv.Wait()
 	}
 }
+
+// TestHeadersNotHeldByFlowControl: HEADERS are not flow-controlled
+// (RFC 9113 section 6.9): a response whose DATA waits for window still
+// sends its header at once.
+func TestHeadersNotHeldByFlowControl(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write(make([]byte, 1000))
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	rc := dialRaw(t, startServer(t, &Server{Handler: h}), http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+	rc.headers(1, false, requestFields("/")...)
+	f := rc.next(func(f http2.Frame) bool { return f.Header().StreamID == 1 })
+	require.IsType(t, &http2.MetaHeadersFrame{}, f)
+	require.NoError(t, rc.fr.WriteWindowUpdate(1, 1000))
+	d := rc.next(func(f http2.Frame) bool { _, ok := f.(*http2.DataFrame); return ok }).(*http2.DataFrame)
+	require.Len(t, d.Data(), 1000)
+}

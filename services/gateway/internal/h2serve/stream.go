@@ -302,6 +302,25 @@ func (w *responseWriter) send(end, headerEnd bool) error {
 	s, c := w.s, w.s.c
 	p := w.buf
 	defer w.releaseBuf()
+	if !w.sentHeader && len(p) > 0 && !c.hasSendCredit(s) {
+		// HEADERS are not flow-controlled: do not hold them back while
+		// the DATA waits for window.
+		var gone error
+		err := c.writeFrames(func(fr *http2.Framer) error {
+			if gone = c.streamResetErr(s); gone != nil {
+				return nil
+			}
+			return c.writeHeaderBlock(fr, s.id, w.status, w.snapshot, false, false)
+		})
+		if err == nil {
+			err = gone
+		}
+		w.sentHeader, w.snapshot = true, nil
+		if err != nil {
+			w.err = err
+			return err
+		}
+	}
 	for {
 		var chunk []byte
 		if len(p) > 0 {
