@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -247,5 +249,46 @@ func TestStreamWithoutHelloIsClosed(t *testing.T) {
 	require.Equal(t, connect.CodeDeadlineExceeded, s.recvUntilErr(t, 5*time.Second))
 	require.Less(t, time.Since(start), 3*time.Second)
 	require.Equal(t, before, fingerprint(t, db))
+	require.Eventually(t, func() bool { return g.streams.Load() == 0 }, 5*time.Second, 10*time.Millisecond, "the slot is freed")
+}
+
+// TestPartialHelloIsClosed: a dial that sends part of a Hello and then
+// nothing is closed DeadlineExceeded after the hello timeout too (on the
+// lean server the handler waits for the body, then Receives: the timeout
+// must bound that Receive as well).
+func TestPartialHelloIsClosed(t *testing.T) {
+	db := pgtest.NewDB(t)
+	cfg := testConfig()
+	cfg.HelloTimeout = 300 * time.Millisecond
+	g := startGateway(t, db, cfg)
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	req, err := http.NewRequest(http.MethodPost, "http://"+g.Addr()+nodev1connect.NodeGatewayServiceConnectProcedure, pr)
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/connect+proto")
+	hc := h2cClient()
+	defer hc.CloseIdleConnections()
+	go func() { _, _ = pw.Write([]byte{0, 0, 0, 0, 100, 0x0a, 0x01}) }() // 2 of 100 bytes
+	start := time.Now()
+	body := make(chan string, 1)
+	go func() {
+		res, err := hc.Do(req)
+		if err != nil {
+			body <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(res.Body)
+		_ = res.Body.Close()
+		body <- string(b)
+	}()
+	select {
+	case b := <-body:
+		require.Contains(t, b, "deadline_exceeded")
+	case <-time.After(5 * time.Second):
+		_ = pw.CloseWithError(io.ErrUnexpectedEOF)
+		<-body
+		t.Fatal("a partial Hello holds the stream past the hello timeout")
+	}
+	require.Less(t, time.Since(start), 3*time.Second)
 	require.Eventually(t, func() bool { return g.streams.Load() == 0 }, 5*time.Second, 10*time.Millisecond, "the slot is freed")
 }

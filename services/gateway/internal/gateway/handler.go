@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -57,16 +58,21 @@ type readableBody interface {
 // blocked Receive.
 func (g *Gateway) receiveHello(ctx context.Context, stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse]) (*nodev1.ConnectRequest, error) {
 	if body, ok := ctx.Value(bodyKey{}).(readableBody); ok {
-		// The lean server says when the body is readable: wait here, no
-		// goroutine. (A Hello cut mid-message still ends with the stream.)
-		t := g.clock.NewTimer(g.cfg.HelloTimeout)
-		defer t.Stop()
-		select {
-		case <-body.WaitReadable():
-		case <-t.Chan():
+		// The lean server's body can be closed from outside: Receive here
+		// and let the timer close the body, which breaks the Receive, so
+		// a Hello that never comes and one that stalls half-way are both
+		// bounded without a goroutine.
+		var timedOut atomic.Bool
+		t := g.clock.AfterFunc(g.cfg.HelloTimeout, func() {
+			timedOut.Store(true)
+			if c, ok := body.(io.Closer); ok {
+				_ = c.Close()
+			}
+		})
+		m, err := stream.Receive() // waits in the body's Read, no goroutine
+		if !t.Stop() && timedOut.Load() {
 			return nil, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("no Hello within %s", g.cfg.HelloTimeout))
 		}
-		m, err := stream.Receive()
 		if err != nil {
 			return nil, receiveError(err)
 		}

@@ -213,6 +213,14 @@ func (c *conn) serveFrames() {
 	for {
 		f, err = c.fr.ReadFrame()
 		if err != nil {
+			// The framer read the whole frame (and decoded the whole
+			// header block): a stream error leaves the connection usable.
+			var se http2.StreamError
+			if errors.As(err, &se) && se.StreamID%2 == 1 {
+				c.streamError(se.StreamID, se.Code)
+				err = nil
+				continue
+			}
 			err = c.readError(err)
 			return
 		}
@@ -250,7 +258,13 @@ func (c *conn) handshake(timeout time.Duration) error {
 	if cs.NegotiatedProtocol != "h2" {
 		return fmt.Errorf("h2serve: client negotiated %q, not h2 (HTTP/1 is not served)", cs.NegotiatedProtocol)
 	}
+	c.mu.Lock() // closeWith may run meanwhile (Server.Close)
+	closed := c.closed
 	c.nc, c.tlsState = tc, &cs
+	c.mu.Unlock()
+	if closed {
+		return errConnClosed
+	}
 	return nil
 }
 
@@ -277,7 +291,8 @@ func (c *conn) readError(err error) error {
 	}
 	var se http2.StreamError
 	if errors.As(err, &se) {
-		// Only reached for the first frame; later ones are handled in the loop.
+		// The first frame, or one on an even stream: later ones on client
+		// streams are handled in the loop.
 		return c.fail(connError{http2.ErrCodeProtocol, err.Error()})
 	}
 	c.srv.Logger.Debug("h2serve: read", "remote", c.remoteAddr, "err", err)
@@ -604,15 +619,23 @@ func (c *conn) handleHeaders(f *http2.MetaHeadersFrame) error {
 		c.mu.Unlock()
 		return http2.StreamError{StreamID: id, Code: http2.ErrCodeRefusedStream}
 	}
+	// Counted from here: an idle check (Shutdown, a GOAWAY) must not close
+	// the connection under a stream it has accepted.
+	c.handlers++
+	c.idleSince = time.Time{}
 	c.mu.Unlock()
 
 	if f.Truncated {
-		return c.refuseHeaders(id, f.StreamEnded())
+		err := c.refuseHeaders(id, f.StreamEnded())
+		c.unreserve()
+		return err
 	}
 	r, err := c.newRequest(f)
 	if err != nil {
 		srv.Logger.Debug("h2serve: bad request headers", "remote", c.remoteAddr, "err", err)
-		return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol, Cause: err}
+		_ = c.writeFrames(func(fr *http2.Framer) error { return fr.WriteRSTStream(id, http2.ErrCodeProtocol) })
+		c.unreserve()
+		return nil
 	}
 	s := &stream{c: c, id: id, recvWindow: streamWindow}
 	s.body.s = s
@@ -630,15 +653,35 @@ func (c *conn) handleHeaders(f *http2.MetaHeadersFrame) error {
 	r = r.WithContext(ctx)
 
 	c.mu.Lock()
+	if c.closed { // closeWith, run meanwhile, could not cancel it
+		c.mu.Unlock()
+		cancel(errConnClosed)
+		c.unreserve()
+		return nil
+	}
 	s.sendWindow = c.peerInit
 	c.streams = append(c.streams, s)
-	c.handlers++
-	c.idleSince = time.Time{}
 	c.mu.Unlock()
 	srv.streamsWG.Add(1)
 	srv.handlers.Add(1)
 	go c.runHandler(s, r)
 	return nil
+}
+
+// unreserve gives back the handler slot handleHeaders took for a stream
+// that is not served after all.
+func (c *conn) unreserve() {
+	c.mu.Lock()
+	c.handlers--
+	idle := c.handlers == 0
+	if idle {
+		c.idleSince = time.Now()
+	}
+	closeNow := idle && (c.goAwaySent || c.peerGoAway)
+	c.mu.Unlock()
+	if closeNow {
+		c.closeGraceful()
+	}
 }
 
 // refuseHeaders answers a request whose header list is too large with 431.
@@ -808,6 +851,33 @@ func (c *conn) takeSendCredit(s *stream, n int) (int, error) {
 			return 0, errFlowTimeout
 		}
 	}
+}
+
+// streamResetErr is why s may send no more frames (nil: it may). The
+// caller may hold wmu.
+func (c *conn) streamResetErr(s *stream) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return s.resetErr
+}
+
+// hasSendCredit reports whether s could send DATA now.
+func (c *conn) hasSendCredit(s *stream) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sendWindow > 0 && s.sendWindow > 0
+}
+
+// returnConnCredit gives back connection send window taken for DATA that
+// was not sent (its stream's window no longer matters).
+func (c *conn) returnConnCredit(n int) {
+	if n <= 0 {
+		return
+	}
+	c.mu.Lock()
+	c.sendWindow += int32(n)
+	c.broadcastLocked()
+	c.mu.Unlock()
 }
 
 // frameWriter is a pooled bufio.Writer and framer over it, and a buffer for
@@ -1096,8 +1166,9 @@ func (c *conn) closeWith(err error) {
 	if c.timer != nil {
 		c.timer.Stop()
 	}
+	nc := c.nc
 	c.mu.Unlock()
-	_ = c.nc.Close()
+	_ = nc.Close()
 	for _, s := range streams {
 		s.cancel(err)
 		s.body.fail(err)

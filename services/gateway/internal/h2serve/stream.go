@@ -175,15 +175,18 @@ func (b *requestBody) push(data []byte, end bool) {
 }
 
 // fail makes Read return err once the buffered data is gone... or at once:
-// a reset stream's data is dropped.
+// a reset stream's data is dropped, and its bytes go back to the
+// connection window.
 func (b *requestBody) fail(err error) {
 	b.mu.Lock()
 	if b.err == nil {
 		b.err = err
 	}
+	unread := len(b.buf) - b.r
 	b.releaseLocked()
 	b.signalLocked()
 	b.mu.Unlock()
+	b.s.c.credit(nil, unread)
 }
 
 // responseWriter is the stream's http.ResponseWriter. Like net/http's, it
@@ -299,6 +302,25 @@ func (w *responseWriter) send(end, headerEnd bool) error {
 	s, c := w.s, w.s.c
 	p := w.buf
 	defer w.releaseBuf()
+	if !w.sentHeader && len(p) > 0 && !c.hasSendCredit(s) {
+		// HEADERS are not flow-controlled: do not hold them back while
+		// the DATA waits for window.
+		var gone error
+		err := c.writeFrames(func(fr *http2.Framer) error {
+			if gone = c.streamResetErr(s); gone != nil {
+				return nil
+			}
+			return c.writeHeaderBlock(fr, s.id, w.status, w.snapshot, false, false)
+		})
+		if err == nil {
+			err = gone
+		}
+		w.sentHeader, w.snapshot = true, nil
+		if err != nil {
+			w.err = err
+			return err
+		}
+	}
 	for {
 		var chunk []byte
 		if len(p) > 0 {
@@ -314,7 +336,13 @@ func (w *responseWriter) send(end, headerEnd bool) error {
 		if !sendHeader && len(chunk) == 0 && !last {
 			return nil
 		}
+		var gone error
 		err := c.writeFrames(func(fr *http2.Framer) error {
+			// Checked under the write mutex: a reset's RST_STREAM is
+			// written after resetErr is set, so nothing follows it.
+			if gone = c.streamResetErr(s); gone != nil {
+				return nil
+			}
 			if sendHeader {
 				if err := c.writeHeaderBlock(fr, s.id, w.status, w.snapshot, false, headerEnd); err != nil {
 					return err
@@ -328,6 +356,10 @@ func (w *responseWriter) send(end, headerEnd bool) error {
 			}
 			return nil
 		})
+		if gone != nil && err == nil {
+			c.returnConnCredit(len(chunk))
+			err = gone
+		}
 		w.sentHeader, w.snapshot = true, nil
 		if err != nil {
 			w.err = err
@@ -378,6 +410,9 @@ func (w *responseWriter) finish() {
 		return
 	}
 	_ = c.writeFrames(func(fr *http2.Framer) error {
+		if c.streamResetErr(w.s) != nil {
+			return nil
+		}
 		return c.writeHeaderBlock(fr, w.s.id, 0, trailers, true, true)
 	})
 }
