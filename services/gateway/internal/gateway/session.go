@@ -87,40 +87,29 @@ func (s *session) enqueue(msgs ...*nodev1.ConnectResponse) bool {
 	return true
 }
 
+// write is the writer goroutine of a session on net/http's server; it
+// closes done when it exits.
 func (s *session) write(done chan struct{}) {
 	defer close(done)
-	for {
-		s.mu.Lock()
-		if s.closed || len(s.queue) == 0 {
-			s.writing = false
-			s.queue = nil
-			s.mu.Unlock()
-			return
-		}
-		msg := s.queue[0]
-		s.queue[0] = nil
-		s.queue = s.queue[1:]
-		s.mu.Unlock()
-		if err := s.send(msg); err != nil {
-			s.close(nil)
-			s.mu.Lock()
-			s.writing = false
-			s.queue = nil
-			s.mu.Unlock()
-			return
-		}
-	}
+	_ = s.drain(func() { s.writing, s.queue = false, nil })
 }
 
 // sendQueued sends the queued messages from the handler goroutine (inline
 // sessions); an error means the stream failed and the session is closed.
-func (s *session) sendQueued() error {
+func (s *session) sendQueued() error { return s.drain(func() {}) }
+
+// drain sends queued messages until the queue is empty, the session is
+// closed or a Send fails (then it closes the session and returns the
+// error). stop runs under s.mu as draining ends, so an enqueue sees the
+// writer's exit atomically with the empty queue.
+func (s *session) drain(stop func()) error {
 	for {
 		s.mu.Lock()
 		if s.closed || len(s.queue) == 0 {
 			if len(s.queue) == 0 {
 				s.queue = nil
 			}
+			stop()
 			s.mu.Unlock()
 			return nil
 		}
@@ -130,6 +119,9 @@ func (s *session) sendQueued() error {
 		s.mu.Unlock()
 		if err := s.send(msg); err != nil {
 			s.close(nil)
+			s.mu.Lock()
+			stop()
+			s.mu.Unlock()
 			return err
 		}
 	}
