@@ -92,6 +92,16 @@ func (b *requestBody) releaseLocked() {
 	b.buf, b.r = nil, 0
 }
 
+// dropLocked discards the unread data and wakes waiters; it returns how
+// many bytes were dropped, which the caller must credit back to the
+// connection window once b.mu is released.
+func (b *requestBody) dropLocked() int {
+	unread := len(b.buf) - b.r
+	b.releaseLocked()
+	b.signalLocked()
+	return unread
+}
+
 // Read reads received DATA, waiting for it; it returns io.EOF at the end
 // of the stream and an error once the stream is reset or the body closed.
 func (b *requestBody) Read(p []byte) (int, error) {
@@ -139,9 +149,7 @@ func (b *requestBody) Close() error {
 		return nil
 	}
 	b.shut = true
-	unread := len(b.buf) - b.r
-	b.releaseLocked()
-	b.signalLocked()
+	unread := b.dropLocked()
 	b.mu.Unlock()
 	b.s.c.credit(nil, unread)
 	return nil
@@ -182,9 +190,7 @@ func (b *requestBody) fail(err error) {
 	if b.err == nil {
 		b.err = err
 	}
-	unread := len(b.buf) - b.r
-	b.releaseLocked()
-	b.signalLocked()
+	unread := b.dropLocked()
 	b.mu.Unlock()
 	b.s.c.credit(nil, unread)
 }
