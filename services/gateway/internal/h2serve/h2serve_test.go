@@ -133,13 +133,16 @@ func xClient(t *testing.T) *http.Client {
 	return &http.Client{Transport: tr}
 }
 
+// protocols are the client options of the three protocols connect-go speaks.
+var protocols = map[string][]connect.ClientOption{
+	"connect": nil, "grpc": {connect.WithGRPC()}, "grpcweb": {connect.WithGRPCWeb()},
+}
+
 func TestUnaryAllProtocols(t *testing.T) {
 	ts := newTestService()
 	addr := startServer(t, &Server{Handler: ts.mux()})
 	hc := h2cClient(t)
-	for name, opts := range map[string][]connect.ClientOption{
-		"connect": nil, "grpc": {connect.WithGRPC()}, "grpcweb": {connect.WithGRPCWeb()},
-	} {
+	for name, opts := range protocols {
 		t.Run(name, func(t *testing.T) {
 			client := connect.NewClient[wrapperspb.BytesValue, wrapperspb.BytesValue](hc, "http://"+addr+unaryPath, opts...)
 			res, err := client.CallUnary(context.Background(), connect.NewRequest(wrapperspb.Bytes([]byte("hello"))))
@@ -162,9 +165,7 @@ func TestStreaming(t *testing.T) {
 	ts := newTestService()
 	addr := startServer(t, &Server{Handler: ts.mux()})
 	hc := h2cClient(t)
-	for name, opts := range map[string][]connect.ClientOption{
-		"connect": nil, "grpc": {connect.WithGRPC()}, "grpcweb": {connect.WithGRPCWeb()},
-	} {
+	for name, opts := range protocols {
 		t.Run(name, func(t *testing.T) {
 			ss := connect.NewClient[wrapperspb.BytesValue, wrapperspb.BytesValue](hc, "http://"+addr+serverPath, opts...)
 			st, err := ss.CallServerStream(context.Background(), connect.NewRequest(wrapperspb.Bytes([]byte("s"))))
