@@ -17,6 +17,7 @@ import (
 
 	"github.com/leasehold/leasehold/pkg/clock"
 	"github.com/leasehold/leasehold/pkg/coord"
+	"github.com/leasehold/leasehold/pkg/pgdb"
 )
 
 // EnvPrefix prefixes the environment variable of every flag: flag
@@ -98,6 +99,13 @@ func (c *Config) Validate() error {
 	var errs []error
 	if c.DatabaseURL == "" {
 		errs = append(errs, errors.New("--database-url (LEASEHOLD_DATABASE_URL) is required; `make run` starts a local cluster and sets it"))
+	} else if err := pgdb.CheckURL(c.DatabaseURL, "--database-url"); err != nil {
+		errs = append(errs, err)
+	}
+	if c.ListenURL != "" {
+		if err := pgdb.CheckURL(c.ListenURL, "--listen-database-url"); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if c.MaxConns < 1 || c.MaxConns > 1000 {
 		errs = append(errs, fmt.Errorf("--db-max-conns %d must be in 1..1000", c.MaxConns))

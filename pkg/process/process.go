@@ -122,17 +122,18 @@ func run(parent context.Context, spec Spec, cfg Config, logger *slog.Logger) err
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	if err := checkSchema(ctx, cfg, logger); err != nil {
-		return err
-	}
+	// Connect first: it refuses a standby before migrations would fail on it.
 	db, err := pgdb.Connect(ctx, pgdb.Config{
 		URL: cfg.DatabaseURL, AppName: "leasehold-" + spec.Name + ":" + cfg.ID,
-		MaxConns: int32(cfg.MaxConns), Pooler: cfg.Pooler,
+		MaxConns: int32(cfg.MaxConns), Pooler: cfg.Pooler, Setting: "--database-url",
 	})
 	if err != nil {
 		return fmt.Errorf("connect to database: %w", err)
 	}
 	defer db.Close()
+	if err := checkSchema(ctx, cfg, logger); err != nil {
+		return err
+	}
 
 	clk, err := processClock(ctx, cfg, db, logger)
 	if err != nil {

@@ -150,8 +150,10 @@ func check(ctx context.Context, args []string, stdout, stderr *os.File) int {
 
 func run(ctx context.Context, c checkFlags) (doctor.Report, error) {
 	// Pooler mode keeps no statement cache, so the doctor works through
-	// PgBouncer in transaction mode as well as directly.
-	db, err := pgdb.Connect(ctx, pgdb.Config{URL: c.databaseURL, AppName: "leasehold-doctor", MaxConns: 4, Pooler: true})
+	// PgBouncer in transaction mode as well as directly. Read-only: doctor
+	// may run on a standby or a multi-host URL; db.url judges the URL.
+	db, err := pgdb.Connect(ctx, pgdb.Config{URL: c.databaseURL, AppName: "leasehold-doctor", MaxConns: 4, Pooler: true,
+		ReadOnly: true, Setting: "--database-url"})
 	if err != nil {
 		return doctor.Report{}, fmt.Errorf("cannot reach the database: %w", err)
 	}
