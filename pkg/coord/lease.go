@@ -27,6 +27,8 @@ type Lease struct {
 	Epoch int64
 	// ExpiresAt is the database's expiry (compute_now() clock).
 	ExpiresAt time.Time
+	// GrantedAt is compute_now() when the lease was last granted or renewed.
+	GrantedAt time.Time
 	// TTL is the duration the lease was last granted for.
 	TTL time.Duration
 	// ValidUntil is the last instant, on the process clock, this process
@@ -99,14 +101,15 @@ INSERT INTO leases (name, owner, epoch, expires_at)
 SELECT n, NULL, 0, '-infinity' FROM unnest($1::text[]) AS n
 ON CONFLICT (name) DO NOTHING`
 
-// acquireSQL is DESIGN.md section 3's guarded UPDATE. The outer SELECT returns
-// one row with NULLs when nothing was granted, so every call samples
-// compute_now() for clock-skew detection without a second statement.
-const acquireSQL = `
+// acquireSQL is DESIGN.md section 3's guarded UPDATE, with the epoch rule of
+// epoch.go. The outer SELECT returns one row with NULLs when nothing was
+// granted, so every call samples compute_now() for clock-skew detection
+// without a second statement.
+var acquireSQL = `
 WITH granted AS (
   UPDATE leases SET owner = $2,
-    epoch = CASE WHEN owner = $2 THEN epoch ELSE epoch + 1 END,
-    acquired_at = CASE WHEN owner = $2 THEN acquired_at ELSE compute_now() END,
+    epoch = ` + nextEpochSQL("$2") + `,
+    acquired_at = ` + acquiredAtSQL("$2") + `,
     expires_at = compute_now() + make_interval(secs => $3::float8)
   WHERE name = ANY($1::text[]) AND (owner = $2 OR expires_at < compute_now())
   RETURNING name, epoch, expires_at
@@ -183,7 +186,7 @@ func (c *Client) readGrant(br pgx.BatchResults, inserted bool, ttl time.Duration
 			continue // nothing granted: the row only carries compute_now()
 		}
 		g.Leases = append(g.Leases, Lease{
-			Name: *name, Owner: c.owner, Epoch: *epoch, ExpiresAt: *expiresAt,
+			Name: *name, Owner: c.owner, Epoch: *epoch, ExpiresAt: *expiresAt, GrantedAt: g.Now,
 			TTL: ttl, ValidUntil: sent.Add(ttl),
 		})
 	}

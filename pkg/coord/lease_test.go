@@ -152,12 +152,17 @@ func TestExpiredLeaseIsTakenOverWithNewEpoch(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
 	ctx := context.Background()
-	_, ok, err := s.a.Acquire(ctx, "shard:7", 50*time.Millisecond)
+	// A's TTL is long enough that B's first try cannot find it expired on a
+	// busy machine; a short second grant then runs out for real.
+	_, ok, err := s.a.Acquire(ctx, "shard:7", time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
 	_, ok, err = s.b.Acquire(ctx, "shard:7", time.Second)
 	require.NoError(t, err)
 	require.False(t, ok)
+	_, ok, err = s.a.Acquire(ctx, "shard:7", 50*time.Millisecond)
+	require.NoError(t, err)
+	require.True(t, ok)
 	require.Eventually(t, func() bool {
 		l, ok, err := s.b.Acquire(ctx, "shard:7", time.Second)
 		return err == nil && ok && l.Epoch == 2

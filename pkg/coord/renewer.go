@@ -63,6 +63,8 @@ type Renewer struct {
 	notifyMode  string
 	lastMembers map[string][]Member
 	changed     chan struct{}
+	passErr     error          // the last pass's error; nil after a successful pass
+	planned     map[string]int // shards of each group the last pass planned for this process
 }
 
 // NewRenewer builds the renewal loop for client's owner.
@@ -205,6 +207,34 @@ func (r *Renewer) NotifyMode() string {
 	return r.notifyMode
 }
 
+func (r *Renewer) setPassErr(err error) {
+	r.mu.Lock()
+	r.passErr = err
+	r.mu.Unlock()
+}
+
+// Ready reports whether the process can reach the database and holds what it
+// should: nil after a successful pass in which, for every sharded group, it
+// holds at least one shard or was planned none. Before the first pass, and
+// while passes fail, it returns why.
+func (r *Renewer) Ready() error {
+	r.mu.RLock()
+	err, planned, passed := r.passErr, r.planned, !r.lastPass.IsZero()
+	r.mu.RUnlock()
+	if err != nil {
+		return fmt.Errorf("last membership pass failed: %w", err)
+	}
+	if !passed {
+		return errors.New("no membership pass has completed yet")
+	}
+	for _, g := range r.cfg.Groups {
+		if planned[g.Name] > 0 && len(r.Shards(g)) == 0 {
+			return fmt.Errorf("holds none of the %d shards of group %s planned for it", planned[g.Name], g.Name)
+		}
+	}
+	return nil
+}
+
 func (r *Renewer) setNotifyMode(m string) {
 	r.mu.Lock()
 	r.notifyMode = m
@@ -223,6 +253,8 @@ func (r *Renewer) Detail(context.Context) any {
 		Owner       string              `json:"owner"`
 		NotifyMode  string              `json:"notify_mode"`
 		LoopAge     string              `json:"renewal_loop_age"`
+		Waiting     string              `json:"waiting_for,omitempty"`
+		Ready       string              `json:"ready"`
 		ClockSkew   string              `json:"clock_skew"`
 		Shards      map[string]int      `json:"shards_held"`
 		Singletons  []lease             `json:"singletons"`
@@ -231,6 +263,11 @@ func (r *Renewer) Detail(context.Context) any {
 		Shards: map[string]int{}, LiveMembers: map[string][]string{}}
 	skew, _ := r.skew.Last()
 	out.ClockSkew = skew.String()
+	out.Waiting, _ = r.loop.Waiting()
+	out.Ready = "yes"
+	if err := r.Ready(); err != nil {
+		out.Ready = err.Error()
+	}
 	for _, g := range r.cfg.Groups {
 		out.Shards[g.Name] = len(r.Shards(g))
 	}
@@ -312,12 +349,22 @@ func (r *Renewer) pass(ctx context.Context, trigger string) {
 	r.m.passes.WithLabelValues(trigger).Inc()
 	start := r.clock.Now()
 	if err := r.doPass(ctx); err != nil {
-		if ctx.Err() == nil {
-			r.m.renewFails.Inc()
-			r.logger.Warn("membership pass failed", "trigger", trigger, "err", err)
+		if ctx.Err() != nil {
+			return
 		}
+		r.setPassErr(err)
+		r.m.renewFails.Inc()
+		if Unreachable(err) {
+			// Waiting for the database is not a stall: a restart would not
+			// bring it back. Leases stay trusted only until ValidUntil.
+			r.loop.Wait("database unreachable: " + err.Error())
+			r.logger.Warn("membership pass failed: database unreachable; retrying", "trigger", trigger, "held", len(r.Held()), "err", err)
+			return
+		}
+		r.logger.Warn("membership pass failed", "trigger", trigger, "err", err)
 		return
 	}
+	r.setPassErr(nil)
 	r.loop.Beat()
 	r.logger.Debug("membership pass", "trigger", trigger, "took", r.clock.Since(start), "held", len(r.held))
 }
@@ -336,6 +383,7 @@ func (r *Renewer) doPass(ctx context.Context) error {
 	}
 	var want, release []string
 	var silentAt time.Time // when a quiet member will count as silent
+	planned := map[string]int{}
 	orphanNames := map[string]bool{}
 	members := map[string][]Member{}
 	for _, g := range groups {
@@ -364,6 +412,7 @@ func (r *Renewer) doPass(ctx context.Context) error {
 				}
 			}
 		}
+		planned[g.Name] = len(plan.Mine)
 		for _, s := range plan.Mine {
 			want = append(want, g.ShardLease(s))
 		}
@@ -386,7 +435,7 @@ func (r *Renewer) doPass(ctx context.Context) error {
 		r.logger.Info("released shards no longer owned", "count", len(released))
 	}
 	if len(want) == 0 {
-		r.finishPass(members, silentAt)
+		r.finishPass(members, planned, silentAt)
 		return nil
 	}
 	sent := r.clock.Now()
@@ -415,7 +464,7 @@ func (r *Renewer) doPass(ctx context.Context) error {
 			wake = expiry
 		}
 	}
-	r.finishPass(members, wake)
+	r.finishPass(members, planned, wake)
 	return nil
 }
 
@@ -434,8 +483,9 @@ func (r *Renewer) orphanExpiry(ctx context.Context, names []string, g Grant) (ti
 	return earliest.Add(g.Skew + time.Millisecond), nil
 }
 
-func (r *Renewer) finishPass(members map[string][]Member, orphanWake time.Time) {
+func (r *Renewer) finishPass(members map[string][]Member, planned map[string]int, orphanWake time.Time) {
 	r.mu.Lock()
+	r.planned = planned
 	r.lastPass = r.clock.Now()
 	r.orphanWake = orphanWake
 	r.lastMembers = members
@@ -545,9 +595,11 @@ func (r *Renewer) stopping(_ error) error {
 	return nil
 }
 
-// SelfRelease gives up every lease at once (a stalled process), so a
-// successor need not wait for the TTL, and halts the loop for good: it takes
-// no lease again and its liveness check fails, so the process is restarted.
+// SelfRelease gives up every lease at once (a process whose loop stalled
+// while the database answered), so a successor need not wait for the TTL,
+// and halts the loop for good: it takes no lease again and its liveness
+// check fails, so the process is restarted. A database outage never leads
+// here: passes that cannot reach the database count as waiting (Unreachable).
 func (r *Renewer) SelfRelease(ctx context.Context) ([]string, error) {
 	r.halted.Store(true)
 	released, err := r.client.ReleaseAll(ctx)

@@ -18,6 +18,15 @@ func (l localRestarter) Restart(ctx context.Context, immediate bool) error {
 	return l.c.Restart(ctx, mode)
 }
 
+func (l localRestarter) Stop(ctx context.Context) error { return l.c.Stop(ctx, pglocal.StopFast) }
+
+func (l localRestarter) Start(ctx context.Context) error {
+	if l.c.Running(ctx) {
+		return nil
+	}
+	return l.c.Start(ctx)
+}
+
 func startLocal(ctx context.Context) (*server, error) {
 	dir, err := os.MkdirTemp("", "leasehold-pgtest-")
 	if err != nil {

@@ -226,6 +226,8 @@ type server struct {
 	bouncer  *pgbouncer.Bouncer
 	local    interface {
 		Restart(ctx context.Context, immediate bool) error
+		Stop(ctx context.Context) error
+		Start(ctx context.Context) error
 	}
 }
 
@@ -243,6 +245,36 @@ func (s *server) Restart(t testing.TB, immediate bool) {
 	defer cancel()
 	if err := s.local.Restart(ctx, immediate); err != nil {
 		t.Fatalf("pgtest: restart: %v", err)
+	}
+}
+
+// Stop stops the server (fast shutdown) until Start: a database outage for
+// every database of this binary. Tests of database faults skip when the
+// server is not this binary's own; Start runs at cleanup if the test did not.
+func (s *server) Stop(t testing.TB) {
+	t.Helper()
+	if s.local == nil {
+		t.Skip("pgtest: cannot stop an external server")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := s.local.Stop(ctx); err != nil {
+		t.Fatalf("pgtest: stop: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		_ = s.local.Start(ctx) // a no-op when already running
+	})
+}
+
+// Start starts a server stopped by Stop.
+func (s *server) Start(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := s.local.Start(ctx); err != nil {
+		t.Fatalf("pgtest: start: %v", err)
 	}
 }
 

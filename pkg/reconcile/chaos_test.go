@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/leasehold/leasehold/pkg/coord"
+	"github.com/leasehold/leasehold/pkg/pgtest"
 	"github.com/leasehold/leasehold/pkg/proctest"
 )
 
@@ -103,7 +105,23 @@ func TestChaosInvariants(t *testing.T) {
 		t.Skip("randomized real-process fault run")
 	}
 	t.Parallel()
-	duration := 60 * time.Second
+	runChaos(t, 60*time.Second, false)
+}
+
+// TestChaosInvariantsWithDatabaseFaults is the same run with the database
+// in the fault mix: besides the workers' kills, pauses and restarts, the
+// schedule restarts PostgreSQL (fast, or immediate: a crash) and stops it
+// for 1-6 s. Every worker rides through in-process (none may exit), and the
+// invariants hold. It is not parallel: a database fault hits every test of
+// the binary, so it runs while the parallel tests wait. 30 s by default.
+func TestChaosInvariantsWithDatabaseFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("randomized real-process fault run")
+	}
+	runChaos(t, 30*time.Second, true)
+}
+
+func runChaos(t *testing.T, duration time.Duration, dbFaults bool) {
 	if v := os.Getenv(EnvChaosDuration); v != "" {
 		d, err := time.ParseDuration(v)
 		require.NoError(t, err, EnvChaosDuration)
@@ -126,6 +144,18 @@ func TestChaosInvariants(t *testing.T) {
 		leases[i] = coord.Controllers.ShardLease(coord.ShardOf(keys[i]))
 	}
 	exec(t, f.db.Pool, `INSERT INTO key_lease SELECT * FROM unnest($1::text[], $2::text[])`, keys, leases)
+	var srv interface {
+		Restart(testing.TB, bool)
+		Stop(testing.TB)
+		Start(testing.TB)
+	}
+	if dbFaults {
+		srv = pgtest.Server(t)
+		// An immediate shutdown must not lose acknowledged commits: the
+		// test cluster turns synchronous_commit off for speed.
+		exec(t, f.db.Pool, `ALTER DATABASE `+pgx.Identifier{f.db.Name}.Sanitize()+` SET synchronous_commit = on`)
+		f.tolerateOutages = true
+	}
 
 	workerArgs := append(slices.Clone(fastArgs), "--work", "20ms")
 	ids := []string{"c1", "c2", "c3"}
@@ -152,6 +182,7 @@ func TestChaosInvariants(t *testing.T) {
 		return out
 	}
 	deadline := time.Now().Add(duration)
+	step := 0
 	for time.Now().Before(deadline) {
 		time.Sleep(time.Duration(200+rng.IntN(1300)) * time.Millisecond)
 		now := time.Now()
@@ -173,7 +204,12 @@ func TestChaosInvariants(t *testing.T) {
 		}
 		id := live[rng.IntN(len(live))]
 		p := procs[id]
-		switch action := rng.IntN(4); action {
+		action := rng.IntN(4)
+		step++
+		if dbFaults && step%3 == 0 { // every third fault is the database's
+			action = 4 + rng.IntN(2)
+		}
+		switch action {
 		case 0: // crash: nothing released, the successor waits out the TTL
 			p.Kill()
 			down[id] = now.Add(time.Duration(500+rng.IntN(3000)) * time.Millisecond)
@@ -192,6 +228,21 @@ func TestChaosInvariants(t *testing.T) {
 			p.Wait(15 * time.Second)
 			procs[id] = f.start(t, id, f.db.URL, workerArgs...)
 			faults["restart"]++
+		case 4: // the database restarts (fast, or immediate: a crash)
+			srv.Restart(t, rng.IntN(2) == 1)
+			faults["db-restart"]++
+		case 5: // the database is away for 1-6 s
+			srv.Stop(t)
+			time.Sleep(time.Duration(1000+rng.IntN(5000)) * time.Millisecond)
+			srv.Start(t)
+			faults["db-outage"]++
+		}
+		if dbFaults {
+			for id, p := range procs {
+				if _, isDown := down[id]; !isDown {
+					require.False(t, p.Exited(), "%s exited: a database fault must not end a process\n%s", id, p.Logs())
+				}
+			}
 		}
 	}
 	// Heal: every worker back, then let the queue drain.
@@ -208,13 +259,14 @@ func TestChaosInvariants(t *testing.T) {
 	enqueued := stop()
 	f.drained(t)
 
-	injected := faults["kill"] + faults["pause"] + faults["sigterm"] + faults["restart"]
+	injected := faults["kill"] + faults["pause"] + faults["sigterm"] + faults["restart"] + faults["db-restart"] + faults["db-outage"]
 	var rows, epochs, periods int
 	require.NoError(t, f.db.Pool.QueryRow(context.Background(),
 		`SELECT (SELECT count(*) FROM reconcile_log), (SELECT count(DISTINCT (lease, epoch)) FROM reconcile_log), (SELECT count(*) FROM period_log)`).
 		Scan(&rows, &epochs, &periods))
-	t.Logf("chaos: %d faults injected (kill %d, pause %d, sigterm %d, restart %d; %d resumes, %d starts) over %s; %d keys enqueued",
-		injected, faults["kill"], faults["pause"], faults["sigterm"], faults["restart"], faults["resume"], faults["start"], duration, enqueued)
+	t.Logf("chaos: %d faults injected (kill %d, pause %d, sigterm %d, restart %d, database restart %d, database outage %d; %d resumes, %d starts) over %s; %d keys enqueued",
+		injected, faults["kill"], faults["pause"], faults["sigterm"], faults["restart"], faults["db-restart"], faults["db-outage"],
+		faults["resume"], faults["start"], duration, enqueued)
 	t.Logf("chaos: %d fenced writes under %d (lease, epoch) pairs, %d periods", rows, epochs, periods)
 	total, checked := 0, 0
 	for _, inv := range chaosInvariants {
@@ -226,7 +278,12 @@ func TestChaosInvariants(t *testing.T) {
 	}
 	t.Logf("chaos: %d invariants, %d checks, %d violations (seed %d)", len(chaosInvariants), checked, total, seed)
 	require.Zero(t, total, "invariant violations (replay with %s=%d)", EnvChaosSeed, seed)
-	require.Greater(t, injected, 10, "the run injected faults")
+	if dbFaults {
+		require.Positive(t, faults["db-restart"]+faults["db-outage"], "the run injected database faults")
+		require.Greater(t, injected, 4, "the run injected faults")
+	} else {
+		require.Greater(t, injected, 10, "the run injected faults")
+	}
 	require.Greater(t, rows, 100, "the run did work")
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/grafana/dskit/services"
@@ -101,15 +102,16 @@ func (j Job) LeaseName() string {
 type Runtime struct {
 	*services.BasicService
 
-	cfg     Config
-	db      *pgxpool.Pool
-	client  *coord.Client
-	renewer *coord.Renewer
-	logger  *slog.Logger
-	clock   clockwork.Clock
-	m       *metrics
-	reg     prometheus.Registerer
-	notify  string
+	cfg      Config
+	db       *pgxpool.Pool
+	client   *coord.Client
+	renewer  *coord.Renewer // set in starting, before running; read through Renewer() elsewhere
+	renewerP atomic.Pointer[coord.Renewer]
+	logger   *slog.Logger
+	clock    clockwork.Clock
+	m        *metrics
+	reg      prometheus.Registerer
+	notify   string
 
 	sharded   []Sharded
 	jobsMu    sync.Mutex
@@ -245,8 +247,9 @@ func (rt *Runtime) startJob(j Job) {
 	go func() { defer rt.wg.Done(); rt.superviseJob(ctx, j) }()
 }
 
-// Renewer is the process's renewal loop (nil before start).
-func (rt *Runtime) Renewer() *coord.Renewer { return rt.renewer }
+// Renewer is the process's renewal loop (nil before start). Safe to call
+// from any goroutine, e.g. a health check served while the runtime starts.
+func (rt *Runtime) Renewer() *coord.Renewer { return rt.renewerP.Load() }
 
 // Client is the process's lease client.
 func (rt *Runtime) Client() *coord.Client { return rt.client }
@@ -255,10 +258,11 @@ func (rt *Runtime) Client() *coord.Client { return rt.client }
 // readiness (the first pass done) on h, and its detail section.
 func (rt *Runtime) AddHealth(h *health.Handler) {
 	h.AddLiveness("reconcile", func(ctx context.Context) error {
-		if rt.renewer == nil {
+		r := rt.Renewer()
+		if r == nil {
 			return nil
 		}
-		if err := rt.renewer.Loop().Check(ctx); err != nil {
+		if err := r.Loop().Check(ctx); err != nil {
 			return err
 		}
 		for _, l := range rt.loopList() {
@@ -268,17 +272,24 @@ func (rt *Runtime) AddHealth(h *health.Handler) {
 		}
 		return nil
 	})
+	// Ready while the runtime runs, the database answers and the process
+	// holds what it should (Renewer.Ready); not ready during an outage, and
+	// ready again by itself once the next pass succeeds.
 	h.AddReadiness("leases", func(ctx context.Context) error {
 		if rt.State() != services.Running {
 			return fmt.Errorf("runtime is %s", rt.State())
 		}
-		return nil
+		if rt.stalledOut() {
+			return errors.New("a loop stalled and every lease was released")
+		}
+		return rt.Renewer().Ready()
 	})
 	h.AddDetail("leases", func(ctx context.Context) any {
-		if rt.renewer == nil {
+		r := rt.Renewer()
+		if r == nil {
 			return nil
 		}
-		return rt.renewer.Detail(ctx)
+		return r.Detail(ctx)
 	})
 }
 
@@ -317,6 +328,7 @@ func (rt *Runtime) starting(ctx context.Context) error {
 		return err
 	}
 	rt.renewer = r
+	rt.renewerP.Store(r)
 	if err := services.StartAndAwaitRunning(ctx, r); err != nil {
 		return fmt.Errorf("start renewal loop: %w", err)
 	}
@@ -419,7 +431,7 @@ func (rt *Runtime) selfRelease(ctx context.Context, l *health.Loop) {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		released, err := rt.renewer.SelfRelease(rctx)
-		rt.logger.Error("loop stalled: released every lease; /livez now fails so the supervisor restarts this process",
+		rt.logger.Error("loop stalled while the database answered: released every lease; /livez now fails so the supervisor restarts this process",
 			"loop", l.Name(), "stalled_for", l.Age().Round(time.Millisecond), "released", len(released), "err", err)
 	})
 }
@@ -448,9 +460,18 @@ func (rt *Runtime) runSharded(ctx context.Context, s Sharded, loop *health.Loop)
 		shards := rt.renewer.Shards(s.Group)
 		var items []queue.Item
 		if len(shards) > 0 {
+			// Bounded, so a database that stops answering leaves the loop
+			// waiting rather than stuck (a stuck loop would self-release).
+			cctx, cancel := context.WithTimeout(ctx, rt.cfg.StatementTimeout)
 			var err error
-			items, err = queue.Claim(ctx, rt.db, s.Name, rt.client.Owner(), shards, rt.cfg.Batch, rt.cfg.ClaimTTL)
-			if err != nil && ctx.Err() == nil {
+			items, err = queue.Claim(cctx, rt.db, s.Name, rt.client.Owner(), shards, rt.cfg.Batch, rt.cfg.ClaimTTL)
+			cancel()
+			switch {
+			case err == nil, ctx.Err() != nil:
+			case coord.Unreachable(err):
+				loop.Wait("database unreachable: " + err.Error())
+				rt.logger.Warn("claim failed: database unreachable", "reconciler", s.Name, "err", err)
+			default:
 				rt.logger.Warn("claim failed", "reconciler", s.Name, "err", err)
 			}
 		}

@@ -128,6 +128,9 @@ func TestKillGatewayWithCommandsInFlightExecutesEachOnce(t *testing.T) {
 	_ = g2
 }
 
+// sessionFingerprint is the routing and liveness state the gateway writes:
+// sessions, commands and nodes (not the leases table: a gateway that fenced
+// itself takes its lease again, at a new epoch).
 func sessionFingerprint(t *testing.T, db *pgtest.DB) string {
 	t.Helper()
 	var s string
@@ -135,22 +138,31 @@ func sessionFingerprint(t *testing.T, db *pgtest.DB) string {
 SELECT concat_ws(' | ',
   (SELECT string_agg(node_id || ':' || gateway_id || ':' || session_epoch || ':' || state || ':' || last_seen_at || ':' || session_expires_at, ',') FROM node_sessions),
   (SELECT string_agg(id || ':' || state || ':' || dispatch_count || ':' || coalesce(dispatched_at::text, ''), ',') FROM commands),
-  (SELECT string_agg(id || ':' || state, ',') FROM nodes),
-  (SELECT string_agg(name || ':' || coalesce(owner, '') || ':' || epoch || ':' || expires_at, ',') FROM leases))`).Scan(&s))
+  (SELECT string_agg(id || ':' || state, ',') FROM nodes))`).Scan(&s))
 	return s
 }
 
-// TestPausedGatewayFencesItselfBeforeAnyWrite: a gateway SIGSTOPped past
+func gatewayEpoch(t *testing.T, db *pgtest.DB, id string) int64 {
+	t.Helper()
+	var e int64
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT epoch FROM leases WHERE name = 'gateway:' || $1`, id).Scan(&e))
+	return e
+}
+
+// TestPausedGatewayFencesItselfThenServesAgain: a gateway SIGSTOPped past
 // its TTL (and so past half of it) resumes, fences itself (closing its
-// streams UNAVAILABLE, exiting 1) and writes nothing after resuming, though
-// a liveness write is due every 200 ms and a pending command waits for it.
-func TestPausedGatewayFencesItselfBeforeAnyWrite(t *testing.T) {
+// streams UNAVAILABLE) and writes nothing of its old holding after resuming,
+// though a liveness write is due every 200 ms and a pending command waits
+// for it. It does not exit: it takes its lease again at a higher epoch,
+// answers ready, and a node that says Hello again gets the command.
+func TestPausedGatewayFencesItselfThenServesAgain(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real processes")
 	}
 	db := pgtest.NewDB(t)
 	g := startGateway(t, db, "gw_pause")
 	ids, creds := registerNodes(t, db, 1)
+	epochBefore := gatewayEpoch(t, db, "gw_pause")
 
 	p := new(http.Protocols)
 	p.SetUnencryptedHTTP2(true)
@@ -158,16 +170,20 @@ func TestPausedGatewayFencesItselfBeforeAnyWrite(t *testing.T) {
 	defer hc.CloseIdleConnections()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	stream := nodev1connect.NewNodeGatewayServiceClient(hc, "http://"+g.Listen).Connect(ctx)
+	hello := func() *connect.BidiStreamForClient[nodev1.ConnectRequest, nodev1.ConnectResponse] {
+		stream := nodev1connect.NewNodeGatewayServiceClient(hc, "http://"+g.Listen).Connect(ctx)
+		require.NoError(t, stream.Send(&nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_Hello{Hello: &nodev1.Hello{
+			NodeId: ids[0], Credential: creds[0], Kind: nodev1.NodeKind_NODE_KIND_NODE}}}))
+		m, err := stream.Receive()
+		require.NoError(t, err)
+		require.NotNil(t, m.GetWelcome())
+		return stream
+	}
+	stream := hello()
 	defer func() { _ = stream.CloseRequest() }()
-	require.NoError(t, stream.Send(&nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_Hello{Hello: &nodev1.Hello{
-		NodeId: ids[0], Credential: creds[0], Kind: nodev1.NodeKind_NODE_KIND_NODE}}}))
-	m, err := stream.Receive()
-	require.NoError(t, err)
-	require.NotNil(t, m.GetWelcome())
 
 	g.Pause()
-	_, err = db.Pool.Exec(ctx, `INSERT INTO commands (node_id, kind) VALUES ($1, 'exec')`, ids[0])
+	_, err := db.Pool.Exec(ctx, `INSERT INTO commands (node_id, kind) VALUES ($1, 'exec')`, ids[0])
 	require.NoError(t, err)
 	// Past the TTL (2 s) and past idle_in_transaction_session_timeout (5 s),
 	// so not even a transaction caught mid-flight by SIGSTOP can commit.
@@ -175,8 +191,6 @@ func TestPausedGatewayFencesItselfBeforeAnyWrite(t *testing.T) {
 	before := sessionFingerprint(t, db)
 	g.Resume()
 
-	require.Equal(t, 1, g.Wait(10*time.Second), "a fenced gateway exits 1")
-	require.Contains(t, g.Logs(), "fenced itself")
 	for {
 		_, err := stream.Receive()
 		if err != nil {
@@ -184,10 +198,22 @@ func TestPausedGatewayFencesItselfBeforeAnyWrite(t *testing.T) {
 			break
 		}
 	}
-	require.Equal(t, before, sessionFingerprint(t, db), "no write after resume")
+	require.Eventually(t, func() bool { return strings.Contains(g.Logs(), "gateway serving again") }, 20*time.Second, 50*time.Millisecond,
+		"the fenced gateway takes its lease again without a restart")
+	require.Contains(t, g.Logs(), "fenced itself")
+	require.False(t, g.Exited(), "a fenced gateway stays up")
+	require.Greater(t, gatewayEpoch(t, db, "gw_pause"), epochBefore, "serving again at a new epoch")
+	require.Equal(t, before, sessionFingerprint(t, db), "no write of the old holding after resume")
 	var state string
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT state FROM commands`).Scan(&state))
 	require.Equal(t, "pending", state)
+
+	g.WaitReady(10 * time.Second)
+	again := hello()
+	defer func() { _ = again.CloseRequest() }()
+	m, err := again.Receive()
+	require.NoError(t, err)
+	require.NotNil(t, m.GetCommand(), "the pending command reaches the node on the gateway's new holding")
 }
 
 // TestSIGTERMDrainsThenReleasesLease: SIGTERM sends every daemon Drain,

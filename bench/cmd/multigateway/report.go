@@ -90,8 +90,13 @@ type zombieResult struct {
 	Paused   float64 `json:"paused_s"`
 	Exited   bool    `json:"exited"`
 	ExitCode int     `json:"exit_code"`
+	// ServedAgain: ready again after the resume, holding its lease at a
+	// new epoch (EpochAfter), without a restart.
+	ServedAgain bool  `json:"served_again"`
+	EpochAfter  int64 `json:"epoch_after"`
 	// Rows the zombie wrote after its pause began (+1 s for statements
-	// already on the wire).
+	// already on the wire) and before it took its lease again: writes of
+	// the old holding.
 	SessionWrites, DispatchWrites, ResultWrites, EventWrites int64
 }
 
@@ -134,17 +139,26 @@ func (r *result) collect(ctx context.Context, f *fleet.Fleet, sim *fleet.Sim, sm
 	r.XactSteady, r.XactAfter, r.XactPeak = smp.xactStats()
 	if r.Zombie != nil {
 		since := pausedAt.Add(time.Second)
-		q := func(sql string, dst *int64) error { return db.QueryRow(ctx, sql, victim, since).Scan(dst) }
-		if err := q(`SELECT count(*) /*bench*/ FROM node_sessions WHERE gateway_id = $1 AND (last_seen_at > $2 OR connected_at > $2 OR closed_at > $2)`, &r.Zombie.SessionWrites); err != nil {
+		// The new holding starts at the lease's acquired_at (database clock).
+		var retaken *time.Time
+		if err := db.QueryRow(ctx, `SELECT acquired_at, epoch /*bench*/ FROM leases WHERE name = 'gateway:' || $1`, victim).Scan(&retaken, &r.Zombie.EpochAfter); err != nil {
 			return err
 		}
-		if err := q(`SELECT count(*) /*bench*/ FROM commands WHERE dispatched_by = $1 AND dispatched_at > $2`, &r.Zombie.DispatchWrites); err != nil {
+		until := time.Now().Add(time.Hour)
+		if retaken != nil && retaken.After(since) {
+			until = *retaken
+		}
+		q := func(sql string, dst *int64) error { return db.QueryRow(ctx, sql, victim, since, until).Scan(dst) }
+		if err := q(`SELECT count(*) /*bench*/ FROM node_sessions WHERE gateway_id = $1 AND ((last_seen_at > $2 AND last_seen_at < $3) OR (connected_at > $2 AND connected_at < $3) OR (closed_at > $2 AND closed_at < $3))`, &r.Zombie.SessionWrites); err != nil {
 			return err
 		}
-		if err := q(`SELECT count(*) /*bench*/ FROM command_results WHERE gateway_id = $1 AND received_at > $2`, &r.Zombie.ResultWrites); err != nil {
+		if err := q(`SELECT count(*) /*bench*/ FROM commands WHERE dispatched_by = $1 AND dispatched_at > $2 AND dispatched_at < $3`, &r.Zombie.DispatchWrites); err != nil {
 			return err
 		}
-		if err := q(`SELECT count(*) /*bench*/ FROM node_events WHERE gateway_id = $1 AND received_at > $2 AND kind NOT LIKE 'node.%'`, &r.Zombie.EventWrites); err != nil {
+		if err := q(`SELECT count(*) /*bench*/ FROM command_results WHERE gateway_id = $1 AND received_at > $2 AND received_at < $3`, &r.Zombie.ResultWrites); err != nil {
+			return err
+		}
+		if err := q(`SELECT count(*) /*bench*/ FROM node_events WHERE gateway_id = $1 AND received_at > $2 AND received_at < $3 AND kind NOT LIKE 'node.%'`, &r.Zombie.EventWrites); err != nil {
 			return err
 		}
 	}
@@ -182,8 +196,11 @@ func (r *result) judge(c config) {
 		fail("%d lost commands (states %v)", r.Lost, r.CommandStates)
 	}
 	if z := r.Zombie; z != nil {
-		if !z.Exited || z.ExitCode != 1 {
-			fail("zombie gateway did not fence itself (exited=%v code=%d, want exit 1)", z.Exited, z.ExitCode)
+		if z.Exited {
+			fail("zombie gateway exited (code %d): it must fence itself and stay up", z.ExitCode)
+		}
+		if !z.ServedAgain {
+			fail("zombie gateway did not serve again after fencing itself")
 		}
 		if w := z.SessionWrites + z.DispatchWrites + z.ResultWrites + z.EventWrites; w > 0 {
 			fail("zombie wrote %d rows after its pause (sessions %d, dispatches %d, results %d, events %d)",
@@ -229,8 +246,8 @@ func (r *result) print(w io.Writer) {
 	row("executions / duplicate executions", "%d / %d (commands with >1 result row: %d)", r.Executions, r.Duplicates, r.MultiResults)
 	row("false unreachable marks", "%d (%d samples; node.unreachable events %d)", r.FalseUnreachable, r.UnreachableSample, r.UnreachableEvents)
 	if z := r.Zombie; z != nil {
-		row("zombie: paused, then exit", "%.0f s, exited=%v code %d", z.Paused, z.Exited, z.ExitCode)
-		row("zombie: rows written after pause", "sessions %d, dispatches %d, results %d, events %d", z.SessionWrites, z.DispatchWrites, z.ResultWrites, z.EventWrites)
+		row("zombie: paused, then", "%.0f s, exited=%v, served again at a new epoch=%v (epoch now %d)", z.Paused, z.Exited, z.ServedAgain, z.EpochAfter)
+		row("zombie: rows of its old holding written after the pause", "sessions %d, dispatches %d, results %d, events %d", z.SessionWrites, z.DispatchWrites, z.ResultWrites, z.EventWrites)
 	}
 	if len(r.SiteAgents) > 0 {
 		var sa []string

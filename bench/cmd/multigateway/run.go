@@ -198,9 +198,14 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 				return nil, err
 			}
 			resumed = true
-			code, exited := victim.Proc.Wait(30 * time.Second)
-			r.Zombie = &zombieResult{Paused: c.pause.Seconds(), Exited: exited, ExitCode: code}
-			logf("zombie resumed after %s: exited=%v code=%d", c.pause, exited, code)
+			// The zombie fences itself, stays up, and takes its lease
+			// again at a new epoch (ready again): no restart.
+			served := victim.Proc.WaitReady(ctx, 30*time.Second) == nil
+			r.Zombie = &zombieResult{Paused: c.pause.Seconds(), Exited: victim.Proc.Exited(), ServedAgain: served}
+			if victim.Proc.Exited() {
+				r.Zombie.ExitCode = victim.Proc.ExitCode()
+			}
+			logf("zombie resumed after %s: exited=%v served again=%v", c.pause, r.Zombie.Exited, served)
 		}
 		done := rehomed() == len(lost) && el >= c.observe && (c.scenario != "zombie" || resumed)
 		if c.scenario == "drain" && !victim.Proc.Exited() {

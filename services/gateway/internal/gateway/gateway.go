@@ -5,12 +5,16 @@
 // States of a gateway process:
 //
 //	starting ──lease granted──▶ serving ──SIGTERM──▶ draining ──streams gone or deadline──▶ release lease, exit 0
-//	                               │
-//	                               └─ another owner, or no renewal for TTL/2 ──▶ fenced: close streams UNAVAILABLE, exit 1
+//	                            ▲   │
+//	        lease taken again   │   └─ another owner, a failed fence, or no renewal for TTL/2 (a database outage)
+//	        (a new epoch)       │                     │
+//	                            └──────── fenced ◀────┘  close every stream UNAVAILABLE, refuse Hellos, not ready
 //
-// A fenced gateway forgets its lease (it never releases or renews it again)
-// and exits non-zero, so its supervisor restarts it with a fresh id and a
-// fresh lease; the old lease simply expires.
+// The lease is kept by a coord.Keeper for the life of the process. A fenced
+// gateway stays up: it writes nothing, answers not ready, and the keeper
+// keeps trying to take gateway:<id> again; once it does, at a new epoch (so
+// nothing in flight from before the fence can pass a fence), the gateway
+// serves again. No database outage needs a restart.
 package gateway
 
 import (
@@ -79,7 +83,7 @@ type Gateway struct {
 	log       *slog.Logger
 	clock     clockwork.Clock
 	m         *metrics
-	lease     *leaseKeeper
+	keeper    *coord.Keeper
 	limiter   *rate.Limiter
 	checker   *grpchealth.StaticChecker
 
@@ -96,9 +100,16 @@ type Gateway struct {
 	dispatchWaker *nodeWaker
 	specWaker     *nodeWaker
 
-	fenceOnce   sync.Once
+	// fenceMu orders fence and unfence; fencedCh is closed at each fence
+	// (drain watches it) and replaced when serving resumes; generation
+	// counts fences, so a Hello that straddled one is not registered.
+	fenceMu     sync.Mutex
 	fencedCh    chan struct{}
 	fenceReason string
+	generation  atomic.Uint64
+	stopping    atomic.Bool // SIGTERM: a lease taken again no longer resumes serving
+	keeperStop  context.CancelFunc
+	keeperDone  chan struct{}
 
 	slotMu   sync.Mutex
 	nextSlot time.Time
@@ -129,12 +140,20 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	m := newMetrics(deps.Registry)
 	g := &Gateway{
 		cfg: cfg, id: deps.ID, db: deps.DB, notifyURL: deps.NotifyURL, log: deps.Logger, clock: deps.Clock, m: m,
-		lease:         &leaseKeeper{client: client, name: name, ttl: cfg.LeaseTTL, renew: cfg.LeaseRenew, clock: deps.Clock, m: m},
 		limiter:       rate.NewLimiter(rate.Limit(cfg.HelloRate), cfg.HelloBurst),
 		checker:       grpchealth.NewStaticChecker(nodev1connect.NodeGatewayServiceName),
 		sessions:      map[string]*session{},
 		fencedCh:      make(chan struct{}),
 		dispatchWaker: newNodeWaker(), specWaker: newNodeWaker(),
+	}
+	g.keeper, err = coord.NewKeeper(client, coord.KeeperConfig{
+		Name: name, TTL: cfg.LeaseTTL, Renew: cfg.LeaseRenew, Trust: cfg.LeaseTTL / 2,
+		OnAcquired:     g.leaseTaken,
+		OnLost:         func(_ coord.Lease, reason string) { g.fence(reason) },
+		ObserveRenewal: func(d time.Duration) { m.renewLatency.Observe(d.Seconds()) },
+	}, deps.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("gateway lease: %w", err)
 	}
 	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusNotServing)
 	g.checker.SetStatus("", grpchealth.StatusNotServing)
@@ -170,21 +189,30 @@ func (g *Gateway) Fenced() bool { return g.state.Load() == stateFenced }
 func (g *Gateway) ready(context.Context) error {
 	switch g.state.Load() {
 	case stateServing:
-		if _, ok := g.lease.current(); !ok {
+		if _, ok := g.keeper.Current(); !ok {
 			return errors.New("gateway lease not held")
 		}
 		return nil
 	case stateDraining:
 		return errors.New("gateway is draining")
 	case stateFenced:
-		return fmt.Errorf("gateway fenced itself: %s", g.fenceReason)
+		g.fenceMu.Lock()
+		reason := g.fenceReason
+		g.fenceMu.Unlock()
+		if err := g.keeper.Err(); err != nil {
+			return fmt.Errorf("gateway fenced itself (%s); taking its lease again: %w", reason, err)
+		}
+		return fmt.Errorf("gateway fenced itself (%s); taking its lease again", reason)
 	default:
+		if err := g.keeper.Err(); err != nil {
+			return fmt.Errorf("gateway lease not acquired yet: %w", err)
+		}
 		return errors.New("gateway lease not acquired yet")
 	}
 }
 
 func (g *Gateway) detail() any {
-	l, held := g.lease.current()
+	l, held := g.keeper.Current()
 	return map[string]any{
 		"id": g.id, "lease": l.Name, "epoch": l.Epoch, "held": held, "expires_at": l.ExpiresAt,
 		"sessions": g.SessionCount(), "streams": g.streams.Load(), "pending_hellos": g.pending.Load(),
@@ -194,20 +222,17 @@ func (g *Gateway) detail() any {
 }
 
 func (g *Gateway) starting(ctx context.Context) error {
-	for {
-		ok, err := g.lease.acquire(ctx)
-		if err != nil {
-			return fmt.Errorf("acquire %s: %w", g.lease.name, err)
-		}
-		if ok {
-			break
-		}
-		g.log.Warn("gateway lease held by another owner; waiting for it to expire", "lease", g.lease.name)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-g.clock.After(g.cfg.LeaseRenew):
-		}
+	// The keeper runs for the life of the process, across fences; it stops
+	// in running's exit path. A database that is not up yet is waited for.
+	kctx, stop := context.WithCancel(context.Background())
+	g.keeperStop, g.keeperDone = stop, make(chan struct{})
+	acquired := g.keeper.Acquired()
+	go func() { defer close(g.keeperDone); g.keeper.Run(kctx) }()
+	select {
+	case <-acquired:
+	case <-ctx.Done():
+		g.stopKeeper()
+		return ctx.Err()
 	}
 	srv, err := g.newServer()
 	if err != nil {
@@ -218,7 +243,7 @@ func (g *Gateway) starting(ctx context.Context) error {
 		return fmt.Errorf("listen on --listen-addr %s: %w", g.cfg.ListenAddr, err)
 	}
 	g.ln, g.srv = ln, srv
-	l, _ := g.lease.current()
+	l, _ := g.keeper.Current()
 	g.state.Store(stateServing)
 	g.m.role.Set(health.RoleActive)
 	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusServing)
@@ -358,117 +383,107 @@ func (g *Gateway) running(ctx context.Context) error {
 
 	loopCtx, cancelLoops := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	for _, loop := range []func(context.Context){g.renewLoop, g.livenessLoop, g.dispatchLoop, g.notifyLoop, g.specLoop} {
+	for _, loop := range []func(context.Context){g.livenessLoop, g.dispatchLoop, g.notifyLoop, g.specLoop} {
 		wg.Add(1)
 		go func() { defer wg.Done(); loop(loopCtx) }()
 	}
 	stopLoops := func() { cancelLoops(); wg.Wait() }
 
-	var failure error
 	select {
 	case <-ctx.Done():
+		g.stopping.Store(true)
 		g.drain(serveErr)
 		stopLoops()
+		g.stopKeeper()
 		relCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if !g.Fenced() {
-			if _, err := g.lease.client.Release(relCtx, g.lease.name); err != nil {
-				g.log.Warn("release gateway lease", "err", err)
-			} else {
-				g.log.Info("gateway lease released", "lease", g.lease.name)
-			}
+		if err := g.keeper.Release(relCtx); err != nil {
+			g.log.Warn("release gateway lease", "err", err)
+		} else {
+			g.log.Info("gateway lease released", "lease", g.keeper.Name())
 		}
-		g.lease.forget()
-		if g.Fenced() {
-			failure = fmt.Errorf("gateway fenced itself: %s", g.fenceReason)
-		}
-		return failure
-	case <-g.fencedCh:
-		failure = fmt.Errorf("gateway fenced itself: %s", g.fenceReason)
+		return nil
 	case err := <-serveErr:
-		failure = fmt.Errorf("node stream server: %w", err)
-		g.fence("node stream server failed")
-	}
-	// Let the closed streams send their UNAVAILABLE status before exiting.
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	_ = g.srv.Shutdown(shutdownCtx)
-	cancel()
-	_ = g.srv.Close()
-	stopLoops()
-	return failure
-}
-
-// fence is the self-fence: forget the lease, refuse Hellos, close every
-// stream UNAVAILABLE. It writes nothing to the database.
-func (g *Gateway) fence(reason string) {
-	g.fenceOnce.Do(func() {
-		g.lease.forget()
-		g.fenceReason = reason
-		g.state.Store(stateFenced)
-		g.m.role.Set(health.RoleFenced)
-		g.m.selfFences.Inc()
-		g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusNotServing)
-		g.checker.SetStatus("", grpchealth.StatusNotServing)
-		g.log.Error("gateway fenced itself: closing every stream", "reason", reason, "lease", g.lease.name)
-		for _, s := range g.snapshot() {
-			s.close(connect.NewError(connect.CodeUnavailable, fmt.Errorf("gateway %s fenced itself: %s", g.id, reason)))
-		}
-		close(g.fencedCh)
-	})
-}
-
-// renewLoop renews the lease every LeaseRenew and fences when a renewal
-// shows another owner or the trust window (TTL/2 after the last renewal)
-// passes. It ticks at a fifth of the renewal interval so a pause is noticed
-// promptly after resume.
-func (g *Gateway) renewLoop(ctx context.Context) {
-	tick := min(max(g.cfg.LeaseRenew/5, 10*time.Millisecond), time.Second)
-	t := g.clock.NewTicker(tick)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.Chan():
-		}
-		if g.Fenced() {
-			return
-		}
-		if g.lease.expired() {
-			g.fence(fmt.Sprintf("no successful renewal of %s for %s (half its TTL)", g.lease.name, g.cfg.LeaseTTL/2))
-			return
-		}
-		g.lease.mu.Lock()
-		due := !g.clock.Now().Before(g.lease.lastRenew.Add(g.cfg.LeaseRenew))
-		g.lease.mu.Unlock()
-		if !due {
-			continue
-		}
-		rctx, cancel := context.WithTimeout(ctx, g.cfg.LeaseTTL/2)
-		ok, err := g.lease.acquire(rctx)
+		// Not a database fault: the listener itself failed. Fence, let the
+		// streams end, and exit non-zero so the supervisor restarts us.
+		g.stopKeeper()
+		g.keeper.Drop("node stream server failed")
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = g.srv.Shutdown(shutdownCtx)
 		cancel()
-		switch {
-		case err != nil:
-			g.log.Warn("gateway lease renewal failed", "lease", g.lease.name, "err", err)
-		case !ok:
-			g.fence(fmt.Sprintf("%s is held by another owner or at another epoch", g.lease.name))
-			return
-		case g.lease.expired():
-			// The renewal itself straddled a pause: its grant is already stale.
-			g.fence(fmt.Sprintf("renewal of %s returned after its trust window", g.lease.name))
-			return
-		}
+		_ = g.srv.Close()
+		stopLoops()
+		return fmt.Errorf("node stream server: %w", err)
 	}
 }
 
-// runFenced runs fn fenced on the gateway lease and fences the gateway when
-// the lease turns out lost.
-func (g *Gateway) runFenced(ctx context.Context, fn func(ctx context.Context, tx pgxTx) error) error {
-	err := g.lease.run(ctx, g.db, fn)
-	if errors.Is(err, coord.ErrLeaseLost) {
-		g.fence("a fenced transaction found the gateway lease lost")
+func (g *Gateway) stopKeeper() {
+	if g.keeperStop != nil {
+		g.keeperStop()
+		<-g.keeperDone
 	}
-	return err
+}
+
+// fence is the self-fence: refuse Hellos, close every stream UNAVAILABLE,
+// answer not ready. It writes nothing to the database. The keeper has
+// already dropped the lease (it calls fence through OnLost) and goes on
+// taking it again; leaseTaken resumes serving.
+func (g *Gateway) fence(reason string) {
+	g.fenceMu.Lock()
+	defer g.fenceMu.Unlock()
+	if g.Fenced() {
+		return
+	}
+	g.generation.Add(1)
+	g.fenceReason = reason
+	g.state.Store(stateFenced)
+	g.m.role.Set(health.RoleFenced)
+	g.m.selfFences.Inc()
+	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusNotServing)
+	g.checker.SetStatus("", grpchealth.StatusNotServing)
+	g.log.Error("gateway fenced itself: closing every stream; it serves again once it holds its lease at a new epoch",
+		"reason", reason, "lease", g.keeper.Name())
+	for _, s := range g.snapshot() {
+		s.close(connect.NewError(connect.CodeUnavailable, fmt.Errorf("gateway %s fenced itself: %s", g.id, reason)))
+	}
+	close(g.fencedCh)
+}
+
+// leaseTaken is the keeper's OnAcquired: at start nothing happens (starting
+// goes on); after a fence the gateway serves again at the new epoch.
+func (g *Gateway) leaseTaken(l coord.Lease) {
+	g.fenceMu.Lock()
+	defer g.fenceMu.Unlock()
+	if !g.Fenced() || g.stopping.Load() {
+		return
+	}
+	g.fencedCh = make(chan struct{})
+	g.state.Store(stateServing)
+	g.m.role.Set(health.RoleActive)
+	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusServing)
+	g.checker.SetStatus("", grpchealth.StatusServing)
+	g.log.Info("gateway serving again", "lease", l.Name, "epoch", l.Epoch, "fenced_for", g.fenceReason)
+	g.wakeDispatch("")
+}
+
+// fenced returns a channel closed at the next fence.
+func (g *Gateway) fenced() <-chan struct{} {
+	g.fenceMu.Lock()
+	defer g.fenceMu.Unlock()
+	return g.fencedCh
+}
+
+// runFenced runs fn fenced on the gateway lease; a fence that finds the
+// lease lost fences the gateway (through the keeper's OnLost).
+func (g *Gateway) runFenced(ctx context.Context, fn func(ctx context.Context, tx pgxTx) error) error {
+	err := g.keeper.RunFenced(ctx, g.db, fn)
+	if errors.Is(err, coord.ErrLeaseLost) {
+		g.m.fenceFailures.Inc()
+	}
+	if err != nil {
+		return fmt.Errorf("fenced on %s: %w", g.keeper.Name(), err)
+	}
+	return nil
 }
 
 func (g *Gateway) snapshot() []*session {
@@ -507,12 +522,13 @@ func (g *Gateway) drain(serveErr <-chan error) {
 	}()
 	tick := g.clock.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
+	fenced := g.fenced()
 wait:
 	for g.streams.Load() > 0 || g.SessionCount() > 0 {
 		select {
 		case <-deadline:
 			break wait
-		case <-g.fencedCh:
+		case <-fenced:
 			break wait
 		case <-tick.Chan():
 		}

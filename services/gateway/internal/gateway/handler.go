@@ -150,12 +150,14 @@ func (g *Gateway) Connect(ctx context.Context, stream *connect.BidiStream[nodev1
 	// The Hello's database work runs detached from the stream, bounded, so
 	// a client vanishing mid-Hello cannot abort it half-way.
 	helloCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), helloWorkTimeout)
+	gen := g.generation.Load()
 	s, welcome, replays, err := g.hello(helloCtx, stream, hello)
 	cancel()
 	g.pending.Add(-1)
 	if err != nil {
 		return err
 	}
+	s.generation = gen
 	return g.serveSession(ctx, stream, s, welcome, replays)
 }
 
@@ -403,7 +405,7 @@ func (g *Gateway) serveSession(ctx context.Context, stream *connect.BidiStream[n
 		g.m.zombies.Inc()
 		old.close(connect.NewError(connect.CodeUnavailable, fmt.Errorf("node %s said Hello again (epoch %d supersedes %d)", s.nodeID, s.epoch, old.epoch)))
 	}
-	if g.Fenced() { // fenced between the Hello transaction and registration
+	if g.Fenced() || g.generation.Load() != s.generation { // fenced between the Hello and registration
 		s.close(connect.NewError(connect.CodeUnavailable, fmt.Errorf("gateway %s fenced itself", g.id)))
 	}
 	g.wakeDispatch(s.nodeID)
@@ -454,8 +456,8 @@ func (g *Gateway) serveSession(ctx context.Context, stream *connect.BidiStream[n
 	}
 	g.m.sessions.Set(float64(len(g.sessions)))
 	g.mu.Unlock()
-	if mine && !g.Fenced() {
-		g.markDisconnected(s)
+	if mine && !g.Fenced() && s.generation == g.generation.Load() {
+		g.markDisconnected(s) // a session of a holding fenced since writes nothing
 	}
 	g.log.Debug("session closed", "node", s.nodeID, "epoch", s.epoch, "reason", reason, "err", streamErr)
 	if streamErr != nil {

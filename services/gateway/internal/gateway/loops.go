@@ -28,7 +28,7 @@ func (g *Gateway) livenessLoop(ctx context.Context) {
 		case <-t.Chan():
 		}
 		if g.Fenced() {
-			return
+			continue // nothing to prove until the lease is taken again
 		}
 		if err := g.livenessOnce(ctx); err != nil && !g.Fenced() && ctx.Err() == nil {
 			g.log.Warn("session liveness write failed", "err", err)

@@ -31,7 +31,9 @@ const maxQueued = 1024
 type session struct {
 	nodeID string
 	epoch  int64
-	send   func(*nodev1.ConnectResponse) error
+	// generation is the gateway's fence count when the Hello began.
+	generation uint64
+	send       func(*nodev1.ConnectResponse) error
 	// breakRecv unblocks the handler's Receive.
 	breakRecv func()
 

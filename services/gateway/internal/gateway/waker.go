@@ -39,8 +39,8 @@ func (w *nodeWaker) take() (map[string]struct{}, bool) {
 }
 
 // runWoken runs fn for the woken nodes, and for every session at each poll
-// (the fallback when notifications are unavailable), until ctx ends or the
-// gateway fences itself.
+// (the fallback when notifications are unavailable), until ctx ends; while
+// the gateway is fenced it does nothing.
 func (g *Gateway) runWoken(ctx context.Context, w *nodeWaker, poll time.Duration, what string,
 	fn func(ctx context.Context, all bool, nodes map[string]struct{}) error) {
 	t := g.clock.NewTicker(poll)
@@ -54,10 +54,10 @@ func (g *Gateway) runWoken(ctx context.Context, w *nodeWaker, poll time.Duration
 			all = true
 		case <-w.ch:
 		}
-		if g.Fenced() {
-			return
-		}
 		nodes, every := w.take()
+		if g.Fenced() {
+			continue // serving resumes with a wake of every session
+		}
 		if err := fn(ctx, all || every, nodes); err != nil && !g.Fenced() && ctx.Err() == nil {
 			g.log.Warn(what+" failed", "err", err)
 		}

@@ -180,8 +180,6 @@ type Outcome struct {
 	Epoch  int64
 }
 
-const ensureLeaseSQL = `INSERT INTO leases (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`
-
 const lockLeaseSQL = `
 SELECT owner, epoch, GREATEST(expires_at, 'epoch'::timestamptz), compute_now() FROM leases WHERE name = $1 FOR UPDATE`
 
@@ -197,23 +195,6 @@ SELECT n.id,
   LEFT JOIN leases g ON g.name = 'gateway:' || s.gateway_id
  WHERE n.kind = 'site_agent' AND n.site_id = $1 AND n.state <> 'revoked'
  ORDER BY n.id`
-
-// renewSQL renews the lease only for its owner at its epoch.
-const renewSQL = `
-UPDATE leases SET expires_at = compute_now() + make_interval(secs => $4::float8)
- WHERE name = $1 AND owner = $2 AND epoch = $3
-RETURNING expires_at, compute_now()`
-
-// takeSQL is DESIGN.md section 3's guarded acquire for one name: it takes
-// the lease only when it is expired (or already the owner's); the epoch
-// rises on a change of owner.
-const takeSQL = `
-UPDATE leases SET owner = $2,
-  epoch = CASE WHEN owner = $2 THEN epoch ELSE epoch + 1 END,
-  expires_at = compute_now() + make_interval(secs => $3::float8),
-  acquired_at = CASE WHEN owner = $2 THEN acquired_at ELSE compute_now() END
- WHERE name = $1 AND (owner = $2 OR expires_at < compute_now())
-RETURNING epoch, expires_at, compute_now()`
 
 // publishSQL merges site_boot and the site.boot.* attributes into an
 // agent's spec, leaving the rest of the spec alone, and writes only when
@@ -262,7 +243,7 @@ func reconcileSite(ctx context.Context, tx pgx.Tx, siteID string, cfg Config, m 
 	if len(agents) == 0 {
 		return Outcome{Action: "idle"}, nil
 	}
-	if _, err := tx.Exec(ctx, ensureLeaseSQL, name); err != nil {
+	if _, err := tx.Exec(ctx, `INSERT INTO leases (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`, name); err != nil {
 		return Outcome{}, fmt.Errorf("create lease %s: %w", name, err)
 	}
 	var (
@@ -293,9 +274,14 @@ func reconcileSite(ctx context.Context, tx pgx.Tx, siteID string, cfg Config, m 
 	)
 	switch {
 	case live && connected[holder]:
-		if err := tx.QueryRow(ctx, renewSQL, name, holder, epoch, cfg.LeaseTTL.Seconds()).Scan(&newExp, &now); err != nil {
-			return Outcome{}, fmt.Errorf("renew %s for %s: %w", name, holder, err)
+		l, ok, err := coord.Renew(ctx, tx, coord.Lease{Name: name, Owner: holder, Epoch: epoch}, cfg.LeaseTTL)
+		if err != nil {
+			return Outcome{}, err
 		}
+		if !ok { // the row is locked FOR UPDATE above: it cannot have moved
+			return Outcome{}, fmt.Errorf("renew %s for %s: the lease changed hands under its row lock", name, holder)
+		}
+		newExp, now = l.ExpiresAt, l.GrantedAt
 		out, granted = Outcome{Action: "renewed", Holder: holder, Epoch: epoch}, true
 		m.renewals.Inc()
 	case live:
@@ -329,14 +315,15 @@ func reconcileSite(ctx context.Context, tx pgx.Tx, siteID string, cfg Config, m 
 			}
 			break
 		}
-		var newEpoch int64
-		err := tx.QueryRow(ctx, takeSQL, name, candidate, cfg.LeaseTTL.Seconds()).Scan(&newEpoch, &newExp, &now)
-		if errors.Is(err, pgx.ErrNoRows) {
+		l, ok, err := coord.Take(ctx, tx, name, candidate, cfg.LeaseTTL)
+		if err != nil {
+			return Outcome{}, err
+		}
+		if !ok {
 			return Outcome{}, fmt.Errorf("take %s for %s: the lease is live", name, candidate)
 		}
-		if err != nil {
-			return Outcome{}, fmt.Errorf("take %s for %s: %w", name, candidate, err)
-		}
+		newEpoch := l.Epoch
+		newExp, now = l.ExpiresAt, l.GrantedAt
 		holder, epoch, granted = candidate, newEpoch, true
 		out = Outcome{Action: action, Holder: holder, Epoch: epoch}
 		if action == "promoted" {
