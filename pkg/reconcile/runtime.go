@@ -166,6 +166,16 @@ func New(cfg Config, db *pgxpool.Pool, opts Options) (*Runtime, error) {
 	return rt, nil
 }
 
+// livenessConfig is the liveness session's configuration: on the direct
+// (LISTEN) URL when there is one and liveness is on.
+func (rt *Runtime) livenessConfig() coord.LivenessConfig {
+	lc := rt.cfg.LivenessTimings
+	if rt.cfg.Liveness {
+		lc.URL = rt.notify
+	}
+	return lc
+}
+
 // RegisterSharded adds a sharded reconciler. Call before starting.
 func (rt *Runtime) RegisterSharded(s Sharded) error {
 	if err := queue.ValidateReconciler(s.Name); err != nil {
@@ -323,6 +333,7 @@ func (rt *Runtime) starting(ctx context.Context) error {
 	singletons := rt.Jobs()
 	r, err := coord.NewRenewer(coord.RenewerConfig{
 		Groups: gs, Singletons: singletons, Timings: rt.cfg.Timings, NotifyURL: rt.notify, Version: rt.cfg.Version,
+		Liveness: rt.livenessConfig(),
 	}, rt.client, rt.logger, rt.reg, rt.clock)
 	if err != nil {
 		return err
