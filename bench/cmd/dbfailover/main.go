@@ -8,7 +8,8 @@
 //	outage         stops PostgreSQL (fast shutdown) for -outage (45 s), starts it
 //	restart        a fast restart (stop, start at once)
 //	promote-sync   SIGKILLs the primary under load and promotes the synchronous standby
-//	promote-async  the same with asynchronous replication
+//	promote-async  the same with asynchronous replication, the standby's WAL
+//	               receiver stopped for the last -async-lag (2 s) before the kill
 //
 // It reports per scenario: the time from the database being back (started
 // or promoted) to every lease held before the fault being held again and
@@ -41,6 +42,7 @@ type config struct {
 	rate           float64
 	warmup, after  time.Duration
 	recoverTimeout time.Duration
+	asyncLag       time.Duration
 	timings        fleet.Timings
 	jsonPath       string
 	binDir         string
@@ -58,6 +60,7 @@ func main() {
 	flag.Float64Var(&c.rate, "rate", 20, "commands created per second through the api")
 	flag.DurationVar(&c.warmup, "warmup", 10*time.Second, "load before the fault")
 	flag.DurationVar(&c.after, "after", 10*time.Second, "load after every lease is held again")
+	flag.DurationVar(&c.asyncLag, "async-lag", 2*time.Second, "promote-async: the standby receives nothing for this long before the primary is killed (replication lag; 0: none)")
 	flag.DurationVar(&c.recoverTimeout, "recover-timeout", 5*time.Minute, "give up waiting for recovery after this long")
 	flag.StringVar(&timings, "timings", "real", "service timings: real (production defaults) or fast (about tenfold shorter)")
 	flag.StringVar(&c.jsonPath, "json", "", "write the result as JSON to this file")
@@ -94,7 +97,7 @@ func main() {
 	ctx, cancel := harness.SignalContext(func() { stopAll() })
 	defer cancel()
 	res := &result{Machine: harness.Host(), Date: time.Now().UTC().Format(time.RFC3339), Timings: string(c.timings),
-		Nodes: c.nodes, Rate: c.rate, Outage: c.outage.Seconds()}
+		Nodes: c.nodes, Rate: c.rate, Outage: c.outage.Seconds(), AsyncLag: c.asyncLag.Seconds()}
 	for _, s := range c.scenarios {
 		r := &run{c: c, scenario: s}
 		stopAll = r.kill

@@ -61,6 +61,7 @@ type result struct {
 	Nodes     int               `json:"nodes"`
 	Rate      float64           `json:"rate_per_s"`
 	Outage    float64           `json:"outage_s"`
+	AsyncLag  float64           `json:"async_lag_s"`
 	Scenarios []*scenarioResult `json:"scenarios"`
 	Gate      struct {
 		Pass     bool     `json:"pass"`
@@ -96,7 +97,8 @@ func (r *result) judge() {
 }
 
 func (r *result) print(w io.Writer) {
-	fmt.Fprintf(w, "\ndbfailover: %s, timings %s, %d nodes, %.0f commands/s, outage %.0fs\n\n", r.Machine, r.Timings, r.Nodes, r.Rate, r.Outage)
+	fmt.Fprintf(w, "\ndbfailover: %s, timings %s, %d nodes, %.0f commands/s, outage %.0fs, async lag %.0fs\n\n",
+		r.Machine, r.Timings, r.Nodes, r.Rate, r.Outage, r.AsyncLag)
 	fmt.Fprintf(w, "| scenario | replication | down | every lease held again | every process ready | acknowledged | completed | lost | duplicates | processes restarted | two holders |\n")
 	fmt.Fprintf(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, s := range r.Scenarios {

@@ -190,6 +190,17 @@ func (r *run) do(ctx context.Context) (*scenarioResult, error) {
 			err = pair.Primary().Start(ctx)
 		}
 	default:
+		if r.scenario == "promote-async" && r.c.asyncLag > 0 {
+			// Replication lag made visible: the standby receives nothing
+			// for the last asyncLag before the crash.
+			if err = pair.PauseReplication(ctx); err == nil {
+				err = harness.Sleep(ctx, r.c.asyncLag)
+			}
+			faultAt = time.Now()
+			if err != nil {
+				return sr, fmt.Errorf("pause replication: %w", err)
+			}
+		}
 		err = pair.KillPrimary(ctx)
 		if err == nil {
 			err = pair.Promote(ctx)

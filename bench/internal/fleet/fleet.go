@@ -70,7 +70,7 @@ type Options struct {
 	// services get (e.g. a multi-host URL over a primary and its standby);
 	// default: the database's URL on Server.
 	ServiceURL func(db string) string
-	Log    func(format string, args ...any)
+	Log        func(format string, args ...any)
 }
 
 // Gateway is one gateway process.
