@@ -241,10 +241,12 @@ func (r *run) do(ctx context.Context) (*scenarioResult, error) {
 	acked, failed := prod.results()
 	sr.Acknowledged, sr.CreateFailed = len(acked), failed
 	r.logf("%d commands acknowledged (%d create calls failed); waiting for them to complete", len(acked), failed)
-	_ = harness.Poll(ctx, 3*time.Minute, 200*time.Millisecond, func() bool {
+	if harness.Poll(ctx, 3*time.Minute, 200*time.Millisecond, func() bool {
 		n, err := countCompleted(ctx, db, acked)
 		return err == nil && n == len(acked)
-	})
+	}) == nil {
+		sr.CompletedBack = time.Since(back).Seconds()
+	}
 	sr.Completed, _ = countCompleted(ctx, db, acked)
 	present, _ := countPresent(ctx, db, acked)
 	sr.Lost = len(acked) - sr.Completed
