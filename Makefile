@@ -157,6 +157,16 @@ bench-failover:
 	cd bench && go run ./cmd/multigateway -scenario kill -nodes $(BENCH_NODES) -json $(BENCH_RESULTS)/multigateway-kill-$(BENCH_NODES).json
 	cd bench && go run ./cmd/leasefailover -runs $(BENCH_RUNS) -json $(BENCH_RESULTS)/leasefailover.json
 
+## bench-dbfailover: PostgreSQL's own faults under load (45 s outage, fast restart, promotion of a
+## synchronous and an asynchronous standby): time until every lease is held again, lost, duplicated,
+## restarted, two holders. DBFAILOVER_ARGS passes flags (e.g. -scenario promote-async -timings fast).
+DBFAILOVER_ARGS ?=
+.PHONY: bench-dbfailover
+bench-dbfailover:
+	@$(BENCH_HAPROXY)
+	@mkdir -p $(BENCH_RESULTS)
+	cd bench && go run ./cmd/dbfailover -json $(BENCH_RESULTS)/dbfailover.json $(DBFAILOVER_ARGS)
+
 ## bench-throughput: commands/s end to end through 1 and 3 gateways, and River's jobs/s on the same server
 bench-throughput:
 	@$(BENCH_HAPROXY)
