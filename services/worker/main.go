@@ -15,6 +15,7 @@ import (
 
 	"github.com/grafana/dskit/services"
 
+	"github.com/leasehold/leasehold/pkg/buildinfo"
 	"github.com/leasehold/leasehold/pkg/process"
 	"github.com/leasehold/leasehold/pkg/reconcile"
 	"github.com/leasehold/leasehold/services/worker/internal/collector"
@@ -55,6 +56,7 @@ func main() {
 			return errors.Join(cfg.runtime.Validate(), cfg.nodes.Validate(), cfg.sites.Validate(), cfg.sweeper.Validate(), cfg.janitor.Validate())
 		},
 		Build: func(ctx context.Context, p *process.Process) ([]services.Service, error) {
+			cfg.runtime.Version = buildinfo.Version() // on the workers rows
 			rt, err := reconcile.New(cfg.runtime, p.DB, reconcile.Options{
 				Owner: p.Config.ID, NotifyURL: p.Config.NotifyURL(), Logger: p.Logger, Registerer: p.Registry, Clock: p.Clock,
 			})
