@@ -40,6 +40,20 @@ type Policy struct {
 	// receivers on the operator's own network. The metadata addresses stay
 	// refused.
 	AllowPrivate bool
+	// LoopbackFlag and PrivateFlag name the settings that set the two
+	// fields (e.g. "--sinks.allow-loopback"), for refusal messages; empty
+	// means SettingLoopback and SettingPrivate.
+	LoopbackFlag, PrivateFlag string
+}
+
+func (p Policy) flag(setting string) string {
+	switch {
+	case setting == SettingLoopback && p.LoopbackFlag != "":
+		return p.LoopbackFlag
+	case setting == SettingPrivate && p.PrivateFlag != "":
+		return p.PrivateFlag
+	}
+	return setting
 }
 
 // ErrRefused is the error every refusal wraps.
@@ -114,11 +128,11 @@ func (p Policy) CheckAddr(ip netip.Addr) error {
 		return refuse("reserved or broadcast", "")
 	case ip.IsLoopback():
 		if !p.AllowLoopback {
-			return refuse("loopback", SettingLoopback)
+			return refuse("loopback", p.flag(SettingLoopback))
 		}
 	case ip.IsPrivate() || shared.Contains(ip):
 		if !p.AllowPrivate {
-			return refuse("private", SettingPrivate)
+			return refuse("private", p.flag(SettingPrivate))
 		}
 	}
 	return nil
@@ -137,7 +151,7 @@ func (p Policy) CheckURL(u *url.URL) error {
 	}
 	name := strings.TrimSuffix(strings.ToLower(host), ".")
 	if (name == "localhost" || strings.HasSuffix(name, ".localhost")) && !p.AllowLoopback {
-		return &RefusedError{Addr: host, Reason: "loopback", Allow: SettingLoopback}
+		return &RefusedError{Addr: host, Reason: "loopback", Allow: p.flag(SettingLoopback)}
 	}
 	return nil
 }
