@@ -74,7 +74,7 @@ func TestRunMigratesServesHealthAndStops(t *testing.T) {
 	code, body := get(t, "http://"+addr+"/metrics", "")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, "go_goroutines")
-	require.Contains(t, body, buildinfo.MetricName+`{goversion="`+buildinfo.Get().GoVersion+`",revision="`+buildinfo.Get().Revision+`",version="`+buildinfo.Version()+`"} 1`)
+	require.Contains(t, body, process.BuildInfoMetric+`{goversion="`+buildinfo.Get().GoVersion+`",revision="`+buildinfo.Get().Revision+`",version="`+buildinfo.Version()+`"} 1`)
 	code, _ = get(t, "http://"+addr+"/healthz/detail", "")
 	require.Equal(t, http.StatusUnauthorized, code)
 	code, _ = get(t, "http://"+addr+"/healthz/detail", "wrong")

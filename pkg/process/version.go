@@ -31,9 +31,28 @@ func PrintVersion(w io.Writer, name string) {
 	fmt.Fprintln(w, buildinfo.String("leasehold-"+name))
 }
 
+// BuildInfoMetric is the build gauge's name.
+const BuildInfoMetric = "leasehold_build_info"
+
+// NewBuildInfoCollector returns the gauge leasehold_build_info{version,
+// revision,goversion}, always 1: join it on other series to label them
+// with the build (`* on(instance) group_left(version)`). It lives here, not
+// in pkg/buildinfo, so the node-side pkg/daemon reads the version without
+// the Prometheus client.
+func NewBuildInfoCollector() prometheus.Collector {
+	i := buildinfo.Get()
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: BuildInfoMetric,
+		Help: "A constant 1 labelled with the running build's version, VCS revision and Go version.",
+		ConstLabels: prometheus.Labels{
+			"version": i.Version, "revision": i.Revision, "goversion": i.GoVersion,
+		},
+	}, func() float64 { return 1 })
+}
+
 // RegisterBuildInfo adds the leasehold_build_info gauge to reg and a
 // "build" section (version, revision, goversion) to /healthz/detail.
 func RegisterBuildInfo(reg prometheus.Registerer, h *health.Handler) {
-	reg.MustRegister(buildinfo.NewCollector())
+	reg.MustRegister(NewBuildInfoCollector())
 	h.AddDetail("build", func(context.Context) any { return buildinfo.Get() })
 }
