@@ -155,7 +155,7 @@ func ApplyEnv(fs *flag.FlagSet) error {
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
-		if given[f.Name] {
+		if given[f.Name] || noEnv[f.Name] {
 			return
 		}
 		if v, ok := os.LookupEnv(EnvName(f.Name)); ok {

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/leasehold/leasehold/migrations"
+	"github.com/leasehold/leasehold/pkg/buildinfo"
 	"github.com/leasehold/leasehold/pkg/clock"
 	"github.com/leasehold/leasehold/pkg/health"
 	"github.com/leasehold/leasehold/pkg/pgdb"
@@ -74,11 +75,16 @@ func Run(ctx context.Context, spec Spec, args []string, stderr *os.File) int {
 	fs := flag.NewFlagSet(spec.Name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfg.RegisterFlags(fs, spec.HTTPAddr)
+	showVersion := RegisterVersionFlag(fs)
 	if spec.Flags != nil {
 		spec.Flags(fs)
 	}
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *showVersion {
+		PrintVersion(os.Stdout, spec.Name)
+		return 0
 	}
 	if err := ApplyEnv(fs); err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", spec.Name, err)
@@ -143,6 +149,7 @@ func run(parent context.Context, spec Spec, cfg Config, logger *slog.Logger) err
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	h := health.New(reg, cfg.HealthToken)
+	RegisterBuildInfo(reg, h)
 	h.AddReadiness("database", func(ctx context.Context) error { return db.Ping(ctx) })
 	p := &Process{Name: spec.Name, Config: cfg, Logger: logger, Registry: reg, DB: db, Health: h, Mux: h.ServeMux(), Clock: clk}
 
@@ -170,7 +177,7 @@ func run(parent context.Context, spec Spec, cfg Config, logger *slog.Logger) err
 	if err := mgr.StartAsync(context.WithoutCancel(ctx)); err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
-	logger.Info("started", "http_addr", httpSvc.addr(), "components", len(components))
+	logger.Info("started", "http_addr", httpSvc.addr(), "components", len(components), "version", buildinfo.Version())
 
 	var failure error
 	select {

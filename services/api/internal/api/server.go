@@ -72,15 +72,19 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	}
 	s.checker.SetStatus("", grpchealth.StatusNotServing)
 	s.checker.SetStatus(controlv1connect.ControlServiceName, grpchealth.StatusNotServing)
-	s.handler = &Handler{db: deps.DB, log: log, waiter: s.waiter, defaultTimeout: cfg.DefaultCommandTimeout}
+	s.handler = &Handler{db: deps.DB, log: log, waiter: s.waiter, defaultTimeout: cfg.DefaultCommandTimeout, sinkEgress: cfg.SinkEgress}
 	m := newMetrics(deps.Registry, s.waiter)
 
+	auth := &authInterceptor{keys: keys, log: log}
 	mux := http.NewServeMux()
-	mux.Handle(controlv1connect.NewControlServiceHandler(s.handler,
-		connect.WithInterceptors(m.interceptor(), &authInterceptor{keys: keys, log: log}),
+	path, control := controlv1connect.NewControlServiceHandler(s.handler,
+		connect.WithInterceptors(m.interceptor(), auth),
 		connect.WithReadMaxBytes(cfg.MaxMessageBytes),
 		connect.WithCompressMinBytes(1024),
-	))
+		boundedGzip(int64(cfg.MaxMessageBytes)),
+	)
+	// The token is checked before the body is read or decompressed.
+	mux.Handle(path, authenticateFirst(auth, int64(cfg.MaxMessageBytes), control))
 	mux.Handle(grpchealth.NewHandler(s.checker))
 	reflector := grpcreflect.NewStaticReflector(controlv1connect.ControlServiceName, grpchealth.HealthV1ServiceName)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))

@@ -254,20 +254,28 @@ func TestGatewayHeadroomNMinusOne(t *testing.T) {
 	b.cfg.MaxStreams = 10
 	requireFinding(t, b.check(t, doctor.CodeGatewaysHeadroom), doctor.SeverityOK, "no live gateways")
 
+	// A lone gateway with no sessions survives nothing: the summary must
+	// not say it does.
+	fixture.Lease(t, db, "gateway:gw-solo", "gw-solo", 1, 20)
+	f := b.check(t, doctor.CodeGatewaysHeadroom)
+	requireFinding(t, f, doctor.SeverityOK, "region default: one gateway (gw-solo) and no sessions", "leaves the region no gateway")
+	require.NotContains(t, f.Summary, "survive")
+	fixture.Exec(t, db, `DELETE FROM leases WHERE name = 'gateway:gw-solo'`)
+
 	fixture.Lease(t, db, "gateway:gw-a", "gw-a", 1, 20)
 	fixture.Lease(t, db, "gateway:gw-b", "gw-b", 1, 20)
 	fixture.Lease(t, db, "gateway:gw-dead", "gw-dead", 1, -60)
 	fixture.Sessions(t, db, "gw-a", 9) // near maxStreams
 	fixture.Sessions(t, db, "gw-b", 3)
 	fixture.Sessions(t, db, "gw-dead", 4) // a dead gateway's sessions do not count
-	f := b.check(t, doctor.CodeGatewaysHeadroom)
-	requireFinding(t, f, doctor.SeverityWarn, "region default: losing gw-a (9 sessions) leaves 12 sessions for 1 gateways of 10 streams (2 short)")
+	f = b.check(t, doctor.CodeGatewaysHeadroom)
+	requireFinding(t, f, doctor.SeverityWarn, "region default: losing gw-a (9 sessions) leaves 12 sessions for 1 gateway of 10 streams (2 short)")
 	requireEvidence(t, f, "gateway", "gw-a (default): 9/10 sessions (90%)")
 	requireEvidence(t, f, "region", "default: 2 gateways, 12 sessions, N-1 capacity 10")
 
 	// A third gateway gives the region N-1 headroom.
 	fixture.Lease(t, db, "gateway:gw-c", "gw-c", 1, 20)
-	requireFinding(t, b.check(t, doctor.CodeGatewaysHeadroom), doctor.SeverityOK, "region default: 3 gateways with 12 sessions survive losing gw-a")
+	requireFinding(t, b.check(t, doctor.CodeGatewaysHeadroom), doctor.SeverityOK, "region default: the other 2 gateways hold all 12 sessions if gw-a is lost")
 
 	// Regions: each is judged alone.
 	require.NoError(t, b.cfg.Regions.Set("gw-a=eu, gw-b=us,gw-c*=us"))
