@@ -68,7 +68,9 @@ var (
 // the caller's role against the procedure: no or an unknown token is
 // UNAUTHENTICATED, a known token with too small a role PERMISSION_DENIED.
 type authInterceptor struct {
-	keys *apiauth.Keyring
+	keys interface {
+		Authenticate(token string) (apiauth.Identity, bool)
+	}
 	log  *slog.Logger
 }
 

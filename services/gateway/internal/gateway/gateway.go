@@ -15,15 +15,12 @@ package gateway
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,6 +39,7 @@ import (
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
 	"github.com/leasehold/leasehold/pkg/health"
+	"github.com/leasehold/leasehold/pkg/reload"
 	"github.com/leasehold/leasehold/services/gateway/internal/h2serve"
 )
 
@@ -102,6 +100,8 @@ type Gateway struct {
 
 	slotMu   sync.Mutex
 	nextSlot time.Time
+
+	tls *reload.TLS // nil: h2c
 }
 
 // New builds a gateway; it listens and takes its lease when started.
@@ -138,6 +138,9 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	}
 	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusNotServing)
 	g.checker.SetStatus("", grpchealth.StatusNotServing)
+	if g.tls, err = loadTLS(cfg, deps); err != nil {
+		return nil, err
+	}
 	if deps.Health != nil {
 		deps.Health.AddReadiness("gateway", g.ready)
 		deps.Health.AddDetail("gateway", func(context.Context) any { return g.detail() })
@@ -328,37 +331,13 @@ func (g *Gateway) newServer() (nodeServer, error) {
 	return stdServer{srv}, nil
 }
 
-// tlsConfig is the node streams' TLS configuration (nil: h2c).
-func (g *Gateway) tlsConfig() (*tls.Config, error) {
-	if g.cfg.TLSCert == "" {
-		return nil, nil
-	}
-	cert, err := tls.LoadX509KeyPair(g.cfg.TLSCert, g.cfg.TLSKey)
-	if err != nil {
-		return nil, fmt.Errorf("load --tls-cert %s / --tls-key %s: %w", g.cfg.TLSCert, g.cfg.TLSKey, err)
-	}
-	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
-	if g.cfg.TLSClientCA != "" {
-		pem, err := os.ReadFile(g.cfg.TLSClientCA)
-		if err != nil {
-			return nil, fmt.Errorf("read --tls-client-ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--tls-client-ca %s holds no PEM certificate", g.cfg.TLSClientCA)
-		}
-		tc.ClientCAs, tc.ClientAuth = pool, tls.RequireAndVerifyClientCert
-	}
-	return tc, nil
-}
-
 func (g *Gateway) running(ctx context.Context) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- g.srv.Serve(g.ln) }()
 
 	loopCtx, cancelLoops := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	for _, loop := range []func(context.Context){g.renewLoop, g.livenessLoop, g.dispatchLoop, g.notifyLoop, g.specLoop} {
+	for _, loop := range []func(context.Context){g.renewLoop, g.livenessLoop, g.dispatchLoop, g.notifyLoop, g.specLoop, g.reloadLoop} {
 		wg.Add(1)
 		go func() { defer wg.Done(); loop(loopCtx) }()
 	}
