@@ -71,7 +71,7 @@ type authInterceptor struct {
 	keys interface {
 		Authenticate(token string) (apiauth.Identity, bool)
 	}
-	log  *slog.Logger
+	log *slog.Logger
 }
 
 func (a *authInterceptor) authorize(ctx context.Context, procedure, header, peer string) (context.Context, error) {
