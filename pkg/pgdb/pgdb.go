@@ -31,6 +31,8 @@ type Config struct {
 	// statements use the simple protocol's exec mode without a statement
 	// cache so nothing outlives a transaction.
 	Pooler bool
+	// Tracer, when set, traces the pool's queries (tracing.PgxTracer).
+	Tracer pgx.QueryTracer
 }
 
 // Connect opens a pool and pings it. A down database is an error here; a
@@ -77,6 +79,9 @@ func PoolConfig(cfg Config) (*pgxpool.Config, error) {
 		pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 		pcfg.ConnConfig.StatementCacheCapacity = 0
 		pcfg.ConnConfig.DescriptionCacheCapacity = 0
+	}
+	if cfg.Tracer != nil {
+		pcfg.ConnConfig.Tracer = cfg.Tracer
 	}
 	pcfg.HealthCheckPeriod = 5 * time.Second
 	pcfg.MaxConnIdleTime = time.Minute

@@ -18,6 +18,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/leasehold/leasehold/migrations"
 	"github.com/leasehold/leasehold/pkg/clock"
@@ -44,6 +45,9 @@ type Process struct {
 	// Clock is the process clock: real, or scaled by --clock.rate. Every
 	// component's timers should run on it.
 	Clock clockwork.Clock
+	// Tracer is the OpenTelemetry tracer provider, also installed as the
+	// global one: a no-op unless the OTEL_* environment turns tracing on.
+	Tracer trace.TracerProvider
 }
 
 // Spec describes a service for Main.
@@ -125,9 +129,14 @@ func run(parent context.Context, spec Spec, cfg Config, logger *slog.Logger) err
 	if err := checkSchema(ctx, cfg, logger); err != nil {
 		return err
 	}
+	tp, queryTracer, stopTracing, err := setupTracing(ctx, spec.Name, cfg.ID, logger)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	db, err := pgdb.Connect(ctx, pgdb.Config{
 		URL: cfg.DatabaseURL, AppName: "leasehold-" + spec.Name + ":" + cfg.ID,
-		MaxConns: int32(cfg.MaxConns), Pooler: cfg.Pooler,
+		MaxConns: int32(cfg.MaxConns), Pooler: cfg.Pooler, Tracer: queryTracer,
 	})
 	if err != nil {
 		return fmt.Errorf("connect to database: %w", err)
@@ -143,7 +152,7 @@ func run(parent context.Context, spec Spec, cfg Config, logger *slog.Logger) err
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	h := health.New(reg, cfg.HealthToken)
 	h.AddReadiness("database", func(ctx context.Context) error { return db.Ping(ctx) })
-	p := &Process{Name: spec.Name, Config: cfg, Logger: logger, Registry: reg, DB: db, Health: h, Mux: h.ServeMux(), Clock: clk}
+	p := &Process{Name: spec.Name, Config: cfg, Logger: logger, Registry: reg, DB: db, Health: h, Mux: h.ServeMux(), Clock: clk, Tracer: tp}
 
 	components, err := spec.Build(ctx, p)
 	if err != nil {
