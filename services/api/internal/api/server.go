@@ -22,6 +22,7 @@ import (
 	"github.com/grafana/dskit/services"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1/controlv1connect"
 	"github.com/leasehold/leasehold/pkg/health"
@@ -34,6 +35,9 @@ type Deps struct {
 	Registry prometheus.Registerer
 	// Health, when set, gets the "api" readiness check.
 	Health *health.Handler
+	// Tracer traces every call (nil: the global provider, a no-op unless
+	// the process turned tracing on).
+	Tracer trace.TracerProvider
 }
 
 // Service is the api's dskit service: it listens in starting, serves in
@@ -56,7 +60,7 @@ type Service struct {
 // New builds the service; it listens only once started.
 func New(cfg Config, deps Deps) (*Service, error) {
 	log := deps.Logger.With("component", "api")
-	reloaders, err := newReloaders(cfg, Deps{DB: deps.DB, Logger: log, Registry: deps.Registry, Health: deps.Health})
+	reloaders, err := newReloaders(cfg, Deps{DB: deps.DB, Logger: log, Registry: deps.Registry})
 	if err != nil {
 		return nil, err
 	}
@@ -74,9 +78,13 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	s.handler = &Handler{db: deps.DB, log: log, waiter: s.waiter, defaultTimeout: cfg.DefaultCommandTimeout}
 	m := newMetrics(deps.Registry, s.waiter)
 
+	otelInterceptor, err := newTraceInterceptor(deps.Tracer)
+	if err != nil {
+		return nil, err
+	}
 	mux := http.NewServeMux()
 	mux.Handle(controlv1connect.NewControlServiceHandler(s.handler,
-		connect.WithInterceptors(m.interceptor(), &authInterceptor{keys: keys, log: log}),
+		connect.WithInterceptors(otelInterceptor, m.interceptor(), &authInterceptor{keys: keys, log: log}),
 		connect.WithReadMaxBytes(cfg.MaxMessageBytes),
 		connect.WithCompressMinBytes(1024),
 	))
