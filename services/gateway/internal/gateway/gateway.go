@@ -32,6 +32,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -40,6 +41,7 @@ import (
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
 	"github.com/leasehold/leasehold/pkg/health"
 	"github.com/leasehold/leasehold/pkg/reload"
+	"github.com/leasehold/leasehold/pkg/tracing"
 	"github.com/leasehold/leasehold/services/gateway/internal/h2serve"
 )
 
@@ -57,6 +59,10 @@ type Deps struct {
 	Health   *health.Handler
 	// Clock is the process clock (nil: real).
 	Clock clockwork.Clock
+	// Tracer records the dispatch and result spans of traced commands
+	// (nil: the global provider, a no-op unless the process turned
+	// tracing on).
+	Tracer trace.TracerProvider
 }
 
 const (
@@ -101,7 +107,8 @@ type Gateway struct {
 	slotMu   sync.Mutex
 	nextSlot time.Time
 
-	tls *reload.TLS // nil: h2c
+	tls    *reload.TLS // nil: h2c
+	tracer trace.Tracer
 }
 
 // New builds a gateway; it listens and takes its lease when started.
@@ -135,6 +142,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		sessions:      map[string]*session{},
 		fencedCh:      make(chan struct{}),
 		dispatchWaker: newNodeWaker(), specWaker: newNodeWaker(),
+		tracer: tracing.TracerProvider(deps.Tracer).Tracer(tracerName),
 	}
 	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusNotServing)
 	g.checker.SetStatus("", grpchealth.StatusNotServing)
