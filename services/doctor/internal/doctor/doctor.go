@@ -64,6 +64,7 @@ var checks = map[string]checkFunc{
 	CodeDBPooling:         checkPooling,
 	CodeDBReplication:     checkReplication,
 	CodeDBConnections:     checkConnections,
+	CodeTLSExpiry:         checkTLSExpiry,
 }
 
 // Codes returns every finding code, sorted.
