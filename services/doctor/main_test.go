@@ -85,7 +85,7 @@ func TestCheckExitCodesTableAndJSON(t *testing.T) {
 	require.Equal(t, 0, code, out+errOut)
 	require.Contains(t, out, "STATUS")
 	require.Contains(t, out, "workers.queue")
-	require.Contains(t, out, "15 ok, 0 warn, 0 critical, 0 not checked: ok")
+	require.Contains(t, out, "16 ok, 0 warn, 0 critical, 0 not checked: ok")
 	require.NotContains(t, out, "\x1b[", "no ANSI colour when stdout is not a terminal")
 
 	code, out, _ = runCLI(t, db.URL, "check", "--json")
