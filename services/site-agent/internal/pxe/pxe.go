@@ -8,7 +8,11 @@
 // (option 60) starts with "PXEClient", with next-server, boot file (options
 // 66/67), vendor class "PXEClient" and PXE discovery control "use the boot
 // file". A firmware PXE ROM gets the iPXE binary for its architecture over
-// TFTP; iPXE itself (user class "iPXE") gets the HTTP URL of its script.
+// TFTP (client architecture 0: BIOS; 7 and 9: x64 UEFI); UEFI HTTP boot
+// (vendor class "HTTPClient", architecture 16) gets the HTTP URL of the
+// x64 iPXE binary with "HTTPClient" echoed; iPXE itself (user class "iPXE")
+// gets the HTTP URL of its script. Any other architecture is dropped with a
+// log line: there is no binary for it.
 //
 // The responder answers only while its Gate says so (the agent holds a live
 // boot grant); otherwise every packet is dropped. Anything malformed (not a
@@ -98,7 +102,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{packets: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "leasehold_site_dhcp_packets_total",
-		Help: "DHCP packets by outcome: answered, standby (not active: dropped), ignored (not PXE or not for us), malformed.",
+		Help: "DHCP packets by outcome: answered, standby (not active: dropped), ignored (not PXE or not for us), unknown_arch (no boot file for the client's architecture), malformed.",
 	}, []string{"outcome"})}
 	if reg != nil {
 		reg.MustRegister(m.packets)
@@ -183,6 +187,7 @@ func (r *Responder) HandlePacket(b []byte) []byte {
 	req, err := dhcpv4.FromBytes(b)
 	if err != nil {
 		r.m.packets.WithLabelValues("malformed").Inc()
+		r.log.Warn("DHCP packet dropped: does not parse", "bytes", len(b), "err", err)
 		return nil
 	}
 	reply, _ := r.Reply(req)
@@ -209,6 +214,10 @@ func ValidMAC(hw net.HardwareAddr) bool {
 func (r *Responder) Reply(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, *Request) {
 	if req == nil || req.OpCode != dhcpv4.OpcodeBootRequest || req.HWType != iana.HWTypeEthernet || !ValidMAC(req.ClientHWAddr) {
 		r.m.packets.WithLabelValues("malformed").Inc()
+		if req != nil {
+			r.log.Warn("DHCP packet dropped: not an Ethernet BOOTREQUEST from a unicast MAC", "op", req.OpCode.String(),
+				"htype", req.HWType.String(), "chaddr", fmt.Sprintf("%x", []byte(req.ClientHWAddr)))
+		}
 		return nil, nil
 	}
 	var replyType dhcpv4.MessageType
@@ -222,7 +231,8 @@ func (r *Responder) Reply(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, *Request) {
 		return nil, nil
 	}
 	vendor := req.ClassIdentifier()
-	if !strings.HasPrefix(vendor, "PXEClient") {
+	httpBoot := strings.HasPrefix(vendor, "HTTPClient")
+	if !strings.HasPrefix(vendor, "PXEClient") && !httpBoot {
 		r.m.packets.WithLabelValues("ignored").Inc()
 		return nil, nil
 	}
@@ -236,28 +246,41 @@ func (r *Responder) Reply(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, *Request) {
 	if gi := req.GatewayIPAddr; gi != nil && !gi.IsUnspecified() {
 		info.RelayAgentIP = gi
 	}
-	efi := false
+	arch := iana.INTEL_X86PC // PXE requires option 93; a client without it is treated as BIOS
 	if archs := req.ClientArch(); len(archs) > 0 {
-		info.Arch = archs[0].String()
-		efi = archs[0] != iana.INTEL_X86PC
+		arch = archs[0]
+		info.Arch = arch.String()
 	}
 	for _, uc := range req.UserClass() {
 		if uc == "iPXE" {
 			info.IPXE = true
 		}
 	}
-	bootFile := r.cfg.BootFileBIOS
+	bootFile, vendorReply := "", "PXEClient"
 	switch {
 	case info.IPXE:
+		// iPXE itself, whatever it runs on: its script.
 		bootFile = ScriptURL(r.cfg.ScriptBaseURL, info.MAC)
-	case efi:
+	case httpBoot:
+		// UEFI HTTP boot (UEFI 2.5+, vendor class HTTPClient): the iPXE
+		// binary's URL, and the vendor class echoed, or the firmware
+		// ignores the offer. Only x86-64 UEFI HTTP clients have a binary.
+		if arch != archX64HTTP {
+			return r.unknownArch(req, arch, vendor)
+		}
+		bootFile, vendorReply = BootFileURL(r.cfg.ScriptBaseURL, r.cfg.BootFileEFI), "HTTPClient"
+	case arch == iana.INTEL_X86PC:
+		bootFile = r.cfg.BootFileBIOS
+	case arch == iana.EFI_X86_64 || arch == iana.EFI_BC:
 		bootFile = r.cfg.BootFileEFI
+	default:
+		return r.unknownArch(req, arch, vendor)
 	}
 	mods := []dhcpv4.Modifier{
 		dhcpv4.WithMessageType(replyType),
 		dhcpv4.WithServerIP(r.cfg.ServerIP),
 		dhcpv4.WithOption(dhcpv4.OptServerIdentifier(r.cfg.ServerIP)),
-		dhcpv4.WithOption(dhcpv4.OptClassIdentifier("PXEClient")),
+		dhcpv4.WithOption(dhcpv4.OptClassIdentifier(vendorReply)),
 		dhcpv4.WithOption(dhcpv4.OptTFTPServerName(r.cfg.TFTPServer)),
 		dhcpv4.WithOption(dhcpv4.OptBootFileName(bootFile)),
 		// PXE vendor options: PXE_DISCOVERY_CONTROL (6) = 8: boot the
@@ -280,6 +303,33 @@ func (r *Responder) Reply(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, *Request) {
 		r.onBoot(*info)
 	}
 	return reply, info
+}
+
+// archX64HTTP is client architecture 16, x64 UEFI HTTP boot (IANA
+// "Processor Architecture Types"; the dhcp library names only 0-11).
+const archX64HTTP iana.Arch = 16
+
+// unknownArch logs and drops a request from a client architecture that has
+// no boot file here.
+func (r *Responder) unknownArch(req *dhcpv4.DHCPv4, arch iana.Arch, vendor string) (*dhcpv4.DHCPv4, *Request) {
+	r.m.packets.WithLabelValues("unknown_arch").Inc()
+	r.log.Warn("PXE request dropped: no boot file for this client architecture", "mac", req.ClientHWAddr.String(),
+		"arch", uint16(arch), "arch_name", arch.String(), "vendor_class", clipVendor(vendor))
+	return nil, nil
+}
+
+func clipVendor(s string) string {
+	s = strings.ToValidUTF8(s, "?")
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
+
+// BootFileURL is where the boot HTTP server serves a file of the TFTP root
+// (UEFI HTTP boot).
+func BootFileURL(base, name string) string {
+	return strings.TrimRight(base, "/") + "/tftp/" + name
 }
 
 // ScriptURL is the iPXE script URL of mac under base.
