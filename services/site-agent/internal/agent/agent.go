@@ -221,6 +221,7 @@ func (a *Agent) running(ctx context.Context) error {
 	_ = a.tftp.Close()
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 	_ = a.bootSrv.Shutdown(sctx)
+	a.bmc.Close(sctx)
 	scancel()
 	cancel()
 	wg.Wait()
@@ -310,9 +311,11 @@ func (a *Agent) serveScript(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	p, _, ok := a.hosts.Lookup(mac)
 	if !ok {
+		a.log.Info("iPXE script served: no profile, wait and retry", "mac", mac.String(), "client", r.RemoteAddr)
 		_, _ = w.Write([]byte(pxe.WaitScript))
 		return
 	}
+	a.log.Info("iPXE script served", "mac", mac.String(), "client", r.RemoteAddr, "kernel", p.Kernel, "initrd", p.Initrd)
 	_, _ = w.Write([]byte(pxe.Script(a.cfg.BootBaseURL, p)))
 }
 
