@@ -61,7 +61,7 @@ type testAgent struct {
 	probe *nclient4.Client
 }
 
-func startAgent(t *testing.T, id, site, cred, gatewayAddr string, logs *syncBuf) *testAgent {
+func startAgent(t *testing.T, id, site, cred, gatewayAddr string, logs *syncBuf, mutate ...func(*Config)) *testAgent {
 	t.Helper()
 	proxy, err := faultproxy.New(gatewayAddr)
 	require.NoError(t, err)
@@ -73,6 +73,9 @@ func startAgent(t *testing.T, id, site, cred, gatewayAddr string, logs *syncBuf)
 	}
 	cfg.Cache.Dir, cfg.Cache.MaxBytes, cfg.Cache.Budget, cfg.Cache.Attempts = t.TempDir(), 1<<20, 4<<20, 3
 	cfg.TFTP = tftpConfig(t)
+	for _, m := range mutate {
+		m(&cfg)
+	}
 	cfg.DHCP.ScriptBaseURL = cfg.BootBaseURL
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})).With("agent", id)
 	a, err := New(cfg, Deps{Logger: log})
