@@ -197,7 +197,7 @@ func (a *Agent) starting(context.Context) error {
 	mux.Handle("HEAD /images/sha256/{digest}", a.cache)
 	a.bootSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		MaxHeaderBytes: 16 << 10, ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelDebug)}
-	a.log.Info("site agent listening", "dhcp", a.dhcp.Addr().String(), "tftp", a.tftp.Addr().String(), "boot", ln.Addr().String(), "site", a.cfg.SiteID)
+	a.log.Info("site agent listening", "dhcp", a.dhcp.Addr().String(), "pxe", fmt.Sprint(a.dhcp.PXEAddr()), "tftp", a.tftp.Addr().String(), "boot", ln.Addr().String(), "site", a.cfg.SiteID)
 	return nil
 }
 

@@ -61,6 +61,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.LeaseTTL, "boot.lease-ttl", 15*time.Second, "the site:<id>:boot lease TTL the control plane uses (worker --sites.boot-lease-ttl)")
 	fs.DurationVar(&c.PromoteAfter, "boot.promote-after", 15*time.Second, "the promotion delay the control plane uses (worker --sites.promote-after); must be >= --boot.lease-ttl")
 	fs.StringVar(&c.DHCP.ListenAddr, "dhcp.listen-addr", "0.0.0.0:67", "UDP address of the proxy DHCP responder")
+	fs.StringVar(&c.DHCP.PXEListenAddr, "dhcp.pxe-listen-addr", "0.0.0.0:4011", "UDP address of the PXE boot server port, where clients send their ProxyDHCP REQUEST (empty: off)")
 	fs.StringVar(&c.DHCP.Interface, "dhcp.interface", "", "bind the DHCP socket to this interface")
 	fs.Func("dhcp.server-ip", "this agent's IPv4 address on the provisioning network (server identifier, next-server)", func(s string) error {
 		ip := net.ParseIP(s)

@@ -504,6 +504,7 @@ func (c *Cache) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
+	c.log.Info("image served", "digest", digest, "client", r.RemoteAddr, "method", r.Method, "range", r.Header.Get("Range"), "bytes", st.Size())
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("ETag", `"sha256:`+digest+`"`)
 	w.Header().Set("Cache-Control", "public, max-age=31536000, immutable")

@@ -38,6 +38,11 @@ type Config struct {
 	// ListenAddr is the UDP address (0.0.0.0:67 on a site; loopback and a
 	// high port in tests).
 	ListenAddr string
+	// PXEListenAddr is the PXE boot server port (0.0.0.0:4011), where
+	// clients that got a proxy offer send their ProxyDHCP REQUEST (iPXE
+	// waits about 20 s for an answer there before using the offer anyway);
+	// empty disables it.
+	PXEListenAddr string
 	// Interface, when set, binds the socket to that interface.
 	Interface string
 	// ServerIP is the agent's address on the provisioning network: server
@@ -56,6 +61,9 @@ func (c Config) Validate() error {
 	var errs []error
 	if _, err := net.ResolveUDPAddr("udp4", c.ListenAddr); err != nil || c.ListenAddr == "" {
 		errs = append(errs, fmt.Errorf("--dhcp.listen-addr %q is not a UDP address", c.ListenAddr))
+	}
+	if _, err := net.ResolveUDPAddr("udp4", c.PXEListenAddr); c.PXEListenAddr != "" && err != nil {
+		errs = append(errs, fmt.Errorf("--dhcp.pxe-listen-addr %q is not a UDP address", c.PXEListenAddr))
 	}
 	if c.ServerIP.To4() == nil || c.ServerIP.IsUnspecified() {
 		errs = append(errs, fmt.Errorf("--dhcp.server-ip %q must be the agent's IPv4 address on the provisioning network", c.ServerIP))
@@ -91,8 +99,8 @@ type Responder struct {
 	onBoot func(Request)
 	log    *slog.Logger
 	m      *metrics
-	conn   net.PacketConn
-	srv    *server4.Server
+	conns  []net.PacketConn
+	srvs   []*server4.Server
 }
 
 type metrics struct {
@@ -122,43 +130,75 @@ func New(cfg Config, gate Gate, onBoot func(Request), log *slog.Logger, reg prom
 	return &Responder{cfg: cfg, gate: gate, onBoot: onBoot, log: log, m: newMetrics(reg)}
 }
 
-// Listen opens the UDP socket; Serve then answers until Close.
+// Listen opens the UDP sockets (DHCP, and the PXE boot server port when
+// configured); Serve then answers until Close.
 func (r *Responder) Listen() error {
-	addr, err := net.ResolveUDPAddr("udp4", r.cfg.ListenAddr)
-	if err != nil {
-		return fmt.Errorf("--dhcp.listen-addr %s: %w", r.cfg.ListenAddr, err)
+	for _, l := range []struct{ flag, addr string }{{"--dhcp.listen-addr", r.cfg.ListenAddr}, {"--dhcp.pxe-listen-addr", r.cfg.PXEListenAddr}} {
+		if l.addr == "" {
+			continue
+		}
+		addr, err := net.ResolveUDPAddr("udp4", l.addr)
+		if err != nil {
+			_ = r.Close()
+			return fmt.Errorf("%s %s: %w", l.flag, l.addr, err)
+		}
+		conn, err := server4.NewIPv4UDPConn(r.cfg.Interface, addr)
+		if err != nil {
+			_ = r.Close()
+			return fmt.Errorf("listen for DHCP on %s: %w", l.addr, err)
+		}
+		srv, err := server4.NewServer(r.cfg.Interface, addr, r.handle, server4.WithConn(conn))
+		if err != nil {
+			_ = conn.Close()
+			_ = r.Close()
+			return fmt.Errorf("dhcp server: %w", err)
+		}
+		r.conns, r.srvs = append(r.conns, conn), append(r.srvs, srv)
 	}
-	conn, err := server4.NewIPv4UDPConn(r.cfg.Interface, addr)
-	if err != nil {
-		return fmt.Errorf("listen for DHCP on %s: %w", r.cfg.ListenAddr, err)
-	}
-	srv, err := server4.NewServer(r.cfg.Interface, addr, r.handle, server4.WithConn(conn))
-	if err != nil {
-		_ = conn.Close()
-		return fmt.Errorf("dhcp server: %w", err)
-	}
-	r.conn, r.srv = conn, srv
 	return nil
 }
 
-// Addr is the bound UDP address once listening.
+// Addr is the bound DHCP address once listening.
 func (r *Responder) Addr() *net.UDPAddr {
-	if r.conn == nil {
+	if len(r.conns) == 0 {
 		return nil
 	}
-	a, _ := r.conn.LocalAddr().(*net.UDPAddr)
+	a, _ := r.conns[0].LocalAddr().(*net.UDPAddr)
 	return a
 }
 
-// Serve answers packets until Close; it returns the socket's error.
-func (r *Responder) Serve() error { return r.srv.Serve() }
+// PXEAddr is the bound PXE boot server address (port 4011), if any.
+func (r *Responder) PXEAddr() *net.UDPAddr {
+	if len(r.conns) < 2 {
+		return nil
+	}
+	a, _ := r.conns[1].LocalAddr().(*net.UDPAddr)
+	return a
+}
+
+// Serve answers packets until Close; it returns the first socket error.
+func (r *Responder) Serve() error {
+	errc := make(chan error, len(r.srvs))
+	for _, srv := range r.srvs {
+		go func() { errc <- srv.Serve() }()
+	}
+	err := <-errc
+	_ = r.Close()
+	for range len(r.srvs) - 1 {
+		<-errc
+	}
+	return err
+}
 
 // Close stops serving.
 func (r *Responder) Close() error {
-	if r.srv == nil {
-		return nil
+	var errs []error
+	for _, srv := range r.srvs {
+		if err := srv.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
 	}
-	return r.srv.Close()
+	return errors.Join(errs...)
 }
 
 // handle is the server4 handler: one parsed packet.
@@ -299,6 +339,8 @@ func (r *Responder) Reply(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, *Request) {
 		reply.BootFileName = bootFile
 	}
 	r.m.packets.WithLabelValues("answered").Inc()
+	r.log.Info("PXE request answered", "mac", info.MAC.String(), "message", info.MessageType, "arch", uint16(arch),
+		"vendor_class", clipVendor(vendor), "ipxe", info.IPXE, "boot_file", bootFile, "epoch", epoch)
 	if r.onBoot != nil {
 		r.onBoot(*info)
 	}

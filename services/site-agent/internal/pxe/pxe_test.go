@@ -19,7 +19,7 @@ import (
 var testMAC = net.HardwareAddr{0x52, 0x54, 0x00, 0x12, 0x34, 0x56}
 
 func testConfig() Config {
-	return Config{ListenAddr: "127.0.0.1:0", ServerIP: net.IPv4(127, 0, 0, 1).To4(), BootFileBIOS: "undionly.kpxe",
+	return Config{ListenAddr: "127.0.0.1:0", PXEListenAddr: "127.0.0.1:0", ServerIP: net.IPv4(127, 0, 0, 1).To4(), BootFileBIOS: "undionly.kpxe",
 		BootFileEFI: "ipxe.efi", ScriptBaseURL: "http://127.0.0.1:8080"}
 }
 
@@ -84,6 +84,13 @@ func TestAnswersPXEDiscoverAndRequestOnlyWhileGated(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "http://127.0.0.1:8080/boot/52-54-00-12-34-56.ipxe", ack.BootFileNameOption())
 	require.EqualValues(t, 2, booted.Load())
+
+	// The ProxyDHCP REQUEST iPXE sends to the boot server port (4011) is
+	// acknowledged there.
+	require.NotNil(t, r.PXEAddr())
+	ack, err = c.SendAndRead(ctx, r.PXEAddr(), req, nclient4.IsMessageType(dhcpv4.MessageTypeAck))
+	require.NoError(t, err)
+	require.Equal(t, "http://127.0.0.1:8080/boot/52-54-00-12-34-56.ipxe", ack.BootFileNameOption())
 
 	// Not a PXE client: a proxy stays silent.
 	_, err = c.DiscoverOffer(ctx, dhcpv4.WithOption(dhcpv4.OptClassIdentifier("MSFT 5.0")))
