@@ -207,9 +207,13 @@ func (r *Responder) handle(conn net.PacketConn, peer net.Addr, req *dhcpv4.DHCPv
 	if reply == nil {
 		return
 	}
-	if _, err := conn.WriteTo(reply.ToBytes(), replyAddr(peer, req)); err != nil {
+	to := replyAddr(peer, req)
+	if _, err := conn.WriteTo(reply.ToBytes(), to); err != nil {
 		r.log.Warn("send proxy DHCP reply", "mac", req.ClientHWAddr.String(), "err", err)
+		return
 	}
+	r.log.Debug("proxy DHCP reply sent", "mac", req.ClientHWAddr.String(), "message", reply.MessageType().String(),
+		"from", conn.LocalAddr().String(), "to", to.String())
 }
 
 // replyAddr is where a reply goes: the relay (giaddr, port 67) when
