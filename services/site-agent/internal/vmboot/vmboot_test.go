@@ -48,10 +48,11 @@ var (
 
 // The site's network, inside the test's namespaces.
 const (
-	bridgeIP = "10.77.0.1"
-	agentAIP = "10.77.0.2"
-	agentBIP = "10.77.0.3"
-	innerEnv = "LEASEHOLD_VMBOOT_NETNS" // set in the re-executed test: "<site> <agent-a> <agent-b>"
+	bridgeIP  = "10.77.0.1"
+	agentAIP  = "10.77.0.2"
+	agentBIP  = "10.77.0.3"
+	bridgeIP6 = "fd77::1"
+	innerEnv  = "LEASEHOLD_VMBOOT_NETNS" // set in the re-executed test: "<site> <agent-a> <agent-b>"
 )
 
 // runLimit bounds the whole inner run (two UEFI boots and a BIOS boot
@@ -162,6 +163,7 @@ func namespaces(t *testing.T) (site, a, b string) {
 	}
 	must(t, "ip", "-n", site, "link", "add", "br0", "type", "bridge")
 	must(t, "ip", "-n", site, "addr", "add", bridgeIP+"/24", "dev", "br0")
+	must(t, "ip", "-n", site, "addr", "add", bridgeIP6+"/64", "dev", "br0", "nodad")
 	must(t, "ip", "-n", site, "link", "set", "br0", "up")
 	for i, tap := range []string{"tap0", "tap1", "tap2"} {
 		if out, err := sh("ip", "-n", site, "tuntap", "add", "dev", tap, "mode", "tap"); err != nil {
@@ -529,6 +531,11 @@ func startDNSMasq(t *testing.T, dir string) {
 		"--interface=br0", "--bind-interfaces", "--dhcp-range=10.77.0.100,10.77.0.199,255.255.255.0,10m",
 		"--dhcp-leasefile="+filepath.Join(dir, "dnsmasq.leases"), "--pid-file="+filepath.Join(dir, "dnsmasq.pid"),
 		"--user=root", "--group=root", "--log-dhcp", "--no-resolv", "--no-hosts")
+	if os.Getenv("LEASEHOLD_VMBOOT_RA") != "0" {
+		// Router advertisements, as on a network with IPv6: iPXE waits for
+		// one after DHCP (see docs/site-agent.md).
+		cmd.Args = append(cmd.Args, "--enable-ra", "--dhcp-range=::,constructor:br0,ra-only")
+	}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	require.NoError(t, cmd.Start())
