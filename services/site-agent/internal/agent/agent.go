@@ -1,6 +1,7 @@
 // Package agent is the site agent (DESIGN.md section 9): a node session
 // through pkg/daemon (kind site_agent), the boot grant and its self-fence,
-// the proxy DHCP responder and iPXE scripts (only while the grant is live),
+// the proxy DHCP responder, TFTP, boot files over HTTP and iPXE scripts
+// (only while the grant is live),
 // discovery reports vouched for by the boot epoch, and, on both agents at
 // all times, the image cache and Redfish BMC commands.
 //

@@ -395,6 +395,32 @@ func inner(t *testing.T, ns []string) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "the standby serves no scripts")
 
+	// Boot files over HTTP (UEFI HTTP boot): the active agent serves the
+	// TFTP root, the standby does not, nothing leaves the root.
+	require.NoError(t, os.Symlink("/etc/hostname", filepath.Join(tftpRoot, "escape")))
+	efi, err := os.ReadFile(ipxeEFI)
+	require.NoError(t, err)
+	for _, c := range []struct {
+		agent *agentProc
+		path  string
+		code  int
+	}{
+		{active, "/tftp/ipxe.efi", http.StatusOK},
+		{standby, "/tftp/ipxe.efi", http.StatusServiceUnavailable},
+		{active, "/tftp/escape", http.StatusBadRequest},
+		{active, "/tftp/..%2f..%2fetc%2fhostname", http.StatusBadRequest},
+		{active, "/tftp/nothing.efi", http.StatusNotFound},
+	} {
+		resp, err := http.Get("http://" + net.JoinHostPort(c.agent.ip, "8080") + c.path)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, c.code, resp.StatusCode, "%s %s: %s", c.agent.id, c.path, body)
+		if c.code == http.StatusOK {
+			require.Equal(t, efi, body)
+		}
+	}
+
 	// VM 1: UEFI through the active agent.
 	mac1 := "52:54:00:00:00:01"
 	start1 := time.Now()
