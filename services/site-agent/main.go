@@ -1,5 +1,5 @@
-// Command leasehold-site-agent runs a site's boot server (proxy DHCP, iPXE),
-// image cache and BMC control, connected to the control plane as a node of
+// Command leasehold-site-agent runs a site's boot server (proxy DHCP, TFTP,
+// UEFI HTTP boot, iPXE scripts), image cache and BMC control, connected to the control plane as a node of
 // kind site_agent (see docs/site-agent.md). It needs no database.
 //
 // Flags fall back to LEASEHOLD_* environment variables; SIGTERM stops it
