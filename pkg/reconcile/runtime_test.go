@@ -84,11 +84,16 @@ func TestGenerationRaceRunsAgain(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDB(t)
 	var runs atomic.Int32
+	var after atomic.Bool
 	inRun := make(chan struct{})
 	release := make(chan struct{})
 	newRuntime(t, db, "w1", func(rt *reconcile.Runtime) {
 		require.NoError(t, rt.RegisterSharded(reconcile.Sharded{Name: "nodes", Group: coord.Controllers,
 			Reconcile: func(ctx context.Context, tx pgx.Tx, key string) error {
+				if key == "node-after" {
+					after.Store(true)
+					return nil
+				}
 				if runs.Add(1) == 1 {
 					close(inRun)
 					<-release
@@ -104,7 +109,10 @@ func TestGenerationRaceRunsAgain(t *testing.T) {
 	close(release)
 	require.Eventually(t, func() bool { return runs.Load() == 2 && count(t, db.Pool, "SELECT count(*) FROM work_queue") == 0 },
 		10*time.Second, 20*time.Millisecond)
-	time.Sleep(300 * time.Millisecond)
+	// A key enqueued later has run: any third run of node-x would have too.
+	_, err = queue.Enqueue(context.Background(), db.Pool, "nodes", "node-after", 0)
+	require.NoError(t, err)
+	require.Eventually(t, after.Load, 10*time.Second, 10*time.Millisecond)
 	require.EqualValues(t, 2, runs.Load(), "ran again once, not more")
 }
 
@@ -158,7 +166,14 @@ func TestPeriodicSingletonNeitherSkipsNorRepeatsAcrossTakeover(t *testing.T) {
 	before := count(t, db.Pool, "SELECT count(DISTINCT owner) FROM periods")
 	require.Equal(t, 1, before)
 	require.Eventually(t, func() bool { return count(t, db.Pool, "SELECT count(DISTINCT owner) FROM periods") == 2 }, 10*time.Second, 20*time.Millisecond)
-	time.Sleep(300 * time.Millisecond)
+	// A few periods past the takeover, so a skip or repeat there would show.
+	survivor := "wa"
+	if holder == a {
+		survivor = "wb"
+	}
+	require.Eventually(t, func() bool {
+		return count(t, db.Pool, "SELECT count(*) FROM periods WHERE owner = $1", survivor) >= 3
+	}, 10*time.Second, 20*time.Millisecond)
 
 	rows, err := db.Pool.Query(context.Background(), "SELECT period FROM periods ORDER BY period")
 	require.NoError(t, err)
@@ -191,7 +206,7 @@ func TestSinkDeliversEveryRecordAcrossTakeover(t *testing.T) {
 			return ids, reconcile.Cursor{Seq: ids[len(ids)-1]}, len(ids), nil
 		},
 		Deliver: func(ctx context.Context, batch any) error {
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // the injected pace: a delivery takes time, so the takeover lands mid-stream
 			mu.Lock()
 			defer mu.Unlock()
 			for _, id := range batch.([]int64) {
