@@ -45,6 +45,26 @@ test-gateway-std: build
 		(cd $$m && LEASEHOLD_GATEWAY_HTTP2_SERVER=std go test -count=1 -timeout 15m ./...); \
 	done
 
+## test-race: every module's tests under the race detector; the services that
+## tests start as real processes are built with -race too (pkg/proctest), and
+## a race they report fails the test. RACE_TEST_FLAGS adds flags (CI: -short).
+RACE_TEST_FLAGS ?=
+.PHONY: test-race
+test-race:
+	@set -e; for m in $(MODULES); do \
+		echo "== -race $${m#$(CURDIR)/}"; \
+		(cd $$m && go test -race -count=1 -timeout 30m $(RACE_TEST_FLAGS) ./...); \
+	done
+
+## h2spec: the HTTP/2 conformance suite (h2spec, pinned in tools/h2spec)
+## against the lean server and net/http's, with the same trivial handler;
+## the lean server must pass every case net/http passes (docs/gateway.md)
+.PHONY: h2spec
+h2spec:
+	@set -e; out=$$(mktemp -d); trap 'rm -rf "$$out"' EXIT; \
+	GOWORK=off go -C tools/h2spec build -o "$$out/h2spec" github.com/summerwind/h2spec/cmd/h2spec; \
+	cd services/gateway && LEASEHOLD_H2SPEC="$$out/h2spec" go test -count=1 -run '^TestH2spec$$' ./internal/h2serve/
+
 ## test-short: the same without the slow real-time failover tests
 test-short:
 	@set -e; for m in $(MODULES); do (cd $$m && go test -short -count=1 ./...); done
@@ -82,7 +102,7 @@ run: build
 	$(BIN)/leasehold-devstack -bin $(BIN) $(RUN_ARGS)
 
 tidy:
-	@for m in $(MODULES) $(CURDIR)/tools; do (cd $$m && GOWORK=off go mod tidy) || exit 1; done
+	@for m in $(MODULES) $(CURDIR)/tools $(CURDIR)/tools/h2spec $(CURDIR)/tools/golangci; do (cd $$m && GOWORK=off go mod tidy) || exit 1; done
 
 ## breaking: buf's breaking-change check of proto/ against main
 breaking:

@@ -126,7 +126,9 @@ func TestPushbackRetryAfterIsHonoured(t *testing.T) {
 	require.Eventually(t, func() bool { return d.Stats().Pushbacks == 1 }, 5*time.Second, time.Millisecond)
 	require.NoError(t, clock.BlockUntilContext(ctx, 1)) // waiting out retry_after
 	clock.Advance(29 * time.Second)
-	time.Sleep(100 * time.Millisecond)
+	// Still waiting on the clock, not dialling: a timer fired early would
+	// leave no waiter until the redial's own.
+	require.NoError(t, clock.BlockUntilContext(ctx, 1))
 	require.EqualValues(t, 1, f.dials.Load(), "no redial before retry_after")
 	clock.Advance(time.Second)
 	require.Eventually(t, func() bool { return d.Stats().Welcomes == 1 }, 5*time.Second, time.Millisecond)
@@ -154,8 +156,9 @@ func TestDrainDelayIsHonoured(t *testing.T) {
 	defer func() { cancel(); <-done }()
 
 	require.Eventually(t, func() bool { return d.Stats().Drains == 1 }, 5*time.Second, time.Millisecond)
+	require.NoError(t, clock.BlockUntilContext(ctx, 1)) // waiting out the drain delay
 	clock.Advance(9 * time.Second)
-	time.Sleep(100 * time.Millisecond)
+	require.NoError(t, clock.BlockUntilContext(ctx, 1)) // still waiting on the clock
 	require.EqualValues(t, 1, f.dials.Load(), "the stream is kept for the drain delay")
 	clock.Advance(time.Second)
 	require.Eventually(t, func() bool { return d.Stats().Welcomes == 2 }, 5*time.Second, time.Millisecond)

@@ -159,7 +159,7 @@ func (rt *Runtime) stopping(_ error) error {
 	go func() { rt.wg.Wait(); close(finished) }()
 	select {
 	case <-finished:
-	case <-time.After(rt.cfg.SelfReleaseAfter):
+	case <-rt.clock.After(rt.cfg.SelfReleaseAfter):
 		// A wedged reconcile must not keep the leases: release them anyway;
 		// its transaction can no longer commit once they move.
 		rt.logger.Warn("reconcile loops did not stop in time; releasing leases anyway", "waited", rt.cfg.SelfReleaseAfter)

@@ -142,7 +142,7 @@ func TestSinkDeliversEveryEventAcrossForcedTakeover(t *testing.T) {
 			_, err := db.Pool.Exec(ctx, `INSERT INTO node_events (node_id, id, kind, gateway_id, session_epoch) VALUES ('n1', $1, 'test', 'gw', 1)`,
 				fmt.Sprintf("ev-%04d", i))
 			require.NoError(t, err)
-			time.Sleep(2 * time.Millisecond)
+			time.Sleep(2 * time.Millisecond) // the injected pace: events keep arriving while the holder is killed
 		}
 	}
 	insert(0, 150)

@@ -204,7 +204,11 @@ func TestStuckLeaseHeldPastExpiryByFencedTransaction(t *testing.T) {
 	holder := connect(t, b.db.URL, "leasehold-worker:w-a")
 	tx := fence(t, holder, "shard:7", "w-a", 3)
 	// The holder keeps its fenced transaction open past the lease's expiry.
-	time.Sleep(1500 * time.Millisecond)
+	require.Eventually(t, func() bool {
+		var expired bool
+		err := db.QueryRow(context.Background(), "SELECT expires_at < compute_now() FROM leases WHERE name = 'shard:7'").Scan(&expired)
+		return err == nil && expired
+	}, 30*time.Second, 20*time.Millisecond, "shard:7 expires")
 	var pid uint32
 	require.NoError(t, tx.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&pid))
 
@@ -224,7 +228,11 @@ func TestStuckLeaseHeldPastExpiryByFencedTransaction(t *testing.T) {
 
 	// A fenced transaction on a live lease that outlives the lease TTL.
 	tx = fence(t, holder, "shard:8", "w-a", 3)
-	time.Sleep(2500 * time.Millisecond)
+	require.Eventually(t, func() bool {
+		var older bool
+		err := tx.QueryRow(context.Background(), "SELECT clock_timestamp() - transaction_timestamp() > $1::interval", "2.2 seconds").Scan(&older)
+		return err == nil && older
+	}, 30*time.Second, 20*time.Millisecond, "the fenced transaction outlives the lease TTL")
 	f = b.check(t, doctor.CodeLeasesStuck)
 	requireFinding(t, f, doctor.SeverityWarn, "1 transaction has held FOR SHARE locks on leases longer than the lease TTL 2s")
 	requireEvidence(t, f, "long_fenced_transaction", "leasehold-worker:w-a", "FOR SHARE")
