@@ -99,7 +99,7 @@ func (b *bench) run(ctx context.Context) (*result, error) {
 			return nil, fmt.Errorf("leasehold %s: %w", s, err)
 		}
 		r.Leasehold[s] = sr
-		if b.c.river && s != "pause" {
+		if b.c.river && (s == "crash" || s == "sigterm") {
 			rr, err := b.riverScenario(ctx, s)
 			if err != nil {
 				return nil, fmt.Errorf("river %s: %w", s, err)
