@@ -212,10 +212,15 @@ func (b *bench) leasehold(ctx context.Context, scenario string) (*scenarioResult
 		}
 		sr.LeasesMoved = append(sr.LeasesMoved, len(victimHeld))
 		t0 := time.Now()
+		stopKilling := func() {}
 		if scenario == "conn-killed" {
 			// The process lives; every one of its database sessions is
-			// terminated from the server side, again and again for 5 s.
-			go b.terminateFor(ctx, hid, 5*time.Second)
+			// terminated from the server side, again and again, until the
+			// survivor holds its leases.
+			kctx, cancel := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() { defer close(done); b.terminateUntil(kctx, hid) }()
+			stopKilling = func() { cancel(); <-done }
 		} else {
 			sig := map[string]syscall.Signal{"crash": syscall.SIGKILL, "crash-ttl": syscall.SIGKILL, "pause": syscall.SIGSTOP, "sigterm": syscall.SIGTERM}[scenario]
 			if err := holder.Signal(sig); err != nil {
@@ -236,6 +241,7 @@ func (b *bench) leasehold(ctx context.Context, scenario string) (*scenarioResult
 			took = time.Since(t0)
 			return true
 		})
+		stopKilling()
 		if err != nil {
 			return nil, fmt.Errorf("run %d: %s never took %d leases over: %w", i+1, pid, len(victimHeld), err)
 		}
@@ -458,13 +464,15 @@ func waitForFast(ctx context.Context, timeout time.Duration, cond func() bool) e
 	return harness.Poll(ctx, timeout, 10*time.Millisecond, cond)
 }
 
-// terminateFor terminates every database session of worker id (its pool,
-// LISTEN and liveness sessions) every 50 ms for d.
-func (b *bench) terminateFor(ctx context.Context, id string, d time.Duration) {
-	end := time.Now().Add(d)
-	for time.Now().Before(end) && ctx.Err() == nil {
+// terminateUntil terminates every database session of worker id (its pool,
+// LISTEN and liveness sessions) every 50 ms until ctx ends.
+func (b *bench) terminateUntil(ctx context.Context, id string) {
+	for ctx.Err() == nil {
 		_, _ = b.lh.Pool.Exec(ctx, `SELECT pg_terminate_backend(pid) /*bench*/ FROM pg_stat_activity
 			WHERE application_name LIKE '%' || $1 AND pid <> pg_backend_pid()`, ":"+id)
-		time.Sleep(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }
