@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel"
 
 	"github.com/leasehold/leasehold/pkg/tracing"
 )
@@ -22,6 +23,9 @@ func setupTracing(ctx context.Context, service, id string, logger *slog.Logger) 
 		return tp, nil, func() {}, nil
 	}
 	logger.Info("OpenTelemetry tracing on (OTEL_* environment)")
+	// Export failures (a collector down) go to the process's log, not to
+	// the SDK's default stderr logger.
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { logger.Warn("OpenTelemetry", "err", err) }))
 	shutdown := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
