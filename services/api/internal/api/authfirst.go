@@ -18,10 +18,17 @@ import (
 // call's raw body is capped at maxMessage plus framing; the interceptor
 // checks the token again (defence in depth) and puts the identity in the
 // context.
-func authenticateFirst(auth *authInterceptor, maxMessage int64, next http.Handler) http.Handler {
+func authenticateFirst(auth *authInterceptor, m *metrics, maxMessage int64, next http.Handler) http.Handler {
 	errs := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if _, err := auth.authorize(r.Context(), r.URL.Path, r.Header.Get("Authorization"), r.RemoteAddr); err != nil {
+			// Counted as the interceptor counts calls; a path that is no
+			// procedure is "unknown", so callers cannot mint label values.
+			proc := r.URL.Path
+			if _, known := requiredRoles[proc]; !known {
+				proc = "unknown"
+			}
+			m.requests.WithLabelValues(proc, connect.CodeOf(err).String()).Inc()
 			_ = errs.Write(w, r, err)
 			return
 		}

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
@@ -89,6 +90,10 @@ func TestNoTokenNoBodyRead(t *testing.T) {
 			require.Equal(t, c.grpcStatus, rec.Header().Get("Grpc-Status"), c.name)
 		}
 	}
+
+	// Refused calls are still counted, by known procedure only.
+	require.InDelta(t, 5, testutil.ToFloat64(b.svcMetric(procedure, "unauthenticated")), 0)
+	require.InDelta(t, 1, testutil.ToFloat64(b.svcMetric("/leasehold.control.v1.ControlService/CreateSink", "permission_denied")), 0)
 
 	// Over the network too: malformed JSON is 401 without a token and 400
 	// (invalid_argument) with one.

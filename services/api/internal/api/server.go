@@ -91,7 +91,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		boundedGzip(int64(cfg.MaxMessageBytes)),
 	)
 	// The token is checked before the body is read or decompressed.
-	mux.Handle(path, authenticateFirst(auth, int64(cfg.MaxMessageBytes), control))
+	mux.Handle(path, authenticateFirst(auth, m, int64(cfg.MaxMessageBytes), control))
 	mux.Handle(grpchealth.NewHandler(s.checker))
 	reflector := grpcreflect.NewStaticReflector(controlv1connect.ControlServiceName, grpchealth.HealthV1ServiceName)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))

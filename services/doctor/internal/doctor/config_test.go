@@ -41,7 +41,7 @@ func TestExitCodeAndWorst(t *testing.T) {
 		return r
 	}
 	require.Equal(t, 0, rep(doctor.SeverityOK, doctor.SeverityOK).ExitCode())
-	require.Equal(t, 1, rep(doctor.SeverityOK, doctor.SeverityUnknown).ExitCode(), "unchecked never passes")
+	require.Equal(t, 3, rep(doctor.SeverityOK, doctor.SeverityUnknown).ExitCode(), "unchecked never passes: could not check")
 	require.Equal(t, 1, rep(doctor.SeverityUnknown, doctor.SeverityWarn).ExitCode())
 	require.Equal(t, doctor.SeverityWarn, rep(doctor.SeverityUnknown, doctor.SeverityWarn).Worst())
 	require.Equal(t, 2, rep(doctor.SeverityWarn, doctor.SeverityCritical, doctor.SeverityUnknown).ExitCode())
