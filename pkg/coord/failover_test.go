@@ -112,3 +112,34 @@ func TestSynchronousFailoverLosesNoGrant(t *testing.T) {
 		return true
 	}, time.Minute, 100*time.Millisecond)
 }
+
+// TestKeeperEndsItsHoldingWhenTheDatabaseFailsOver: a keeper whose renewal
+// lands on a promoted standby (a new timeline) drops its holding, even
+// though the standby still shows it as the owner at its epoch, and takes
+// the lease again at an epoch of the new timeline.
+func TestKeeperEndsItsHoldingWhenTheDatabaseFailsOver(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a primary and a standby")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	pair := pgha.Start(t, pgha.Options{Sync: true})
+	db, err := pgdb.Connect(ctx, pgdb.Config{URL: pair.MultiHostURL(), AppName: "keeper-failover", MaxConns: 4})
+	require.NoError(t, err)
+	defer db.Close()
+	client, err := coord.NewClient(db, "gw-f")
+	require.NoError(t, err)
+	ev := newKeeperEvents()
+	k, err := coord.NewKeeper(client, ev.config("gateway:gw-f", time.Minute, 200*time.Millisecond, 30*time.Second), nil)
+	require.NoError(t, err)
+	runKeeper(t, k)
+	first := receive(t, ev.acquired, "the first take")
+	require.Zero(t, first.Floor)
+
+	require.NoError(t, pair.KillPrimary(ctx))
+	require.NoError(t, pair.Promote(ctx))
+	require.Contains(t, receive(t, ev.lost, "the loss at the failover"), "new timeline")
+	second := receive(t, ev.acquired, "the take on the new primary")
+	require.Equal(t, int64(1)<<32, second.Floor)
+	require.Equal(t, second.Floor+1, second.Epoch, "a holding of the new timeline")
+}

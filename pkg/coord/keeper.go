@@ -33,8 +33,9 @@ type KeeperConfig struct {
 	OnAcquired func(Lease)
 	// OnLost is called once per holding when the keeper stops trusting it:
 	// its trust window passed without a renewal (a database outage, a
-	// pause), a renewal found it held by another owner or at another epoch,
-	// or a fenced transaction failed its fence. It may be called on any
+	// pause), a renewal found it held by another owner or at another epoch
+	// or the database on a new timeline (a failover to a standby), or a
+	// fenced transaction failed its fence. It may be called on any
 	// goroutine that runs RunFenced; it must not block on the keeper.
 	OnLost func(l Lease, reason string)
 	// ObserveRenewal, if set, gets the round trip of every renewal or take.
@@ -176,6 +177,13 @@ func (k *Keeper) renew(ctx context.Context, l Lease) {
 		}
 	case !ok:
 		k.lose(l, fmt.Sprintf("%s is held by another owner or at another epoch", k.cfg.Name))
+	case renewed.Floor != l.Floor:
+		// A promoted standby: what this holding wrote after the standby's
+		// last replayed commit may be gone, and what the holder remembers
+		// outside the database (a gateway's sessions) may no longer match.
+		// End the holding; the next one starts at an epoch of the new
+		// timeline.
+		k.lose(l, fmt.Sprintf("the database failed over to a new timeline (epoch floor %d, was %d)", renewed.Floor, l.Floor))
 	default:
 		k.grant(renewed, sent, false)
 	}

@@ -29,6 +29,10 @@ type Lease struct {
 	ExpiresAt time.Time
 	// GrantedAt is compute_now() when the lease was last granted or renewed.
 	GrantedAt time.Time
+	// Floor is lease_epoch_floor() at the last Take or Renew (epoch.go): it
+	// changes when the database has failed over to a new timeline, which a
+	// Keeper treats as the end of its holding.
+	Floor int64
 	// TTL is the duration the lease was last granted for.
 	TTL time.Duration
 	// ValidUntil is the last instant, on the process clock, this process

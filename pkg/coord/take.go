@@ -22,7 +22,7 @@ UPDATE leases SET owner = $2,
   acquired_at = ` + acquiredAtSQL("$2") + `,
   expires_at = compute_now() + make_interval(secs => $3::float8)
  WHERE name = $1 AND (owner = $2 OR expires_at < compute_now())
-RETURNING epoch, expires_at, compute_now()`
+RETURNING epoch, expires_at, compute_now(), lease_epoch_floor()`
 
 var takeFreshSQL = `
 UPDATE leases SET owner = $2,
@@ -30,7 +30,7 @@ UPDATE leases SET owner = $2,
   acquired_at = compute_now(),
   expires_at = compute_now() + make_interval(secs => $3::float8)
  WHERE name = $1 AND (owner = $2 OR expires_at < compute_now())
-RETURNING epoch, expires_at, compute_now()`
+RETURNING epoch, expires_at, compute_now(), lease_epoch_floor()`
 
 // renewSQL extends a lease only for its owner at its epoch. It does not ask
 // for the lease to be unexpired: an expired lease still at the same owner
@@ -38,7 +38,7 @@ RETURNING epoch, expires_at, compute_now()`
 const renewSQL = `
 UPDATE leases SET expires_at = compute_now() + make_interval(secs => $4::float8)
  WHERE name = $1 AND owner = $2 AND epoch = $3
-RETURNING expires_at, compute_now()`
+RETURNING expires_at, compute_now(), lease_epoch_floor()`
 
 const ensureRowSQL = `INSERT INTO leases (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`
 
@@ -73,7 +73,7 @@ func take(ctx context.Context, q pgdb.Querier, sql, name, owner string, ttl time
 		return Lease{}, false, fmt.Errorf("create lease row %s: %w", name, err)
 	}
 	l := Lease{Name: name, Owner: owner, TTL: ttl}
-	err := q.QueryRow(ctx, sql, name, owner, ttl.Seconds()).Scan(&l.Epoch, &l.ExpiresAt, &l.GrantedAt)
+	err := q.QueryRow(ctx, sql, name, owner, ttl.Seconds()).Scan(&l.Epoch, &l.ExpiresAt, &l.GrantedAt, &l.Floor)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Lease{}, false, nil
 	}
@@ -90,7 +90,7 @@ func Renew(ctx context.Context, q pgdb.Querier, l Lease, ttl time.Duration) (Lea
 	if err := ValidateTTL(ttl); err != nil {
 		return Lease{}, false, err
 	}
-	err := q.QueryRow(ctx, renewSQL, l.Name, l.Owner, l.Epoch, ttl.Seconds()).Scan(&l.ExpiresAt, &l.GrantedAt)
+	err := q.QueryRow(ctx, renewSQL, l.Name, l.Owner, l.Epoch, ttl.Seconds()).Scan(&l.ExpiresAt, &l.GrantedAt, &l.Floor)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Lease{}, false, nil
 	}
