@@ -38,6 +38,8 @@ type Config struct {
 	// standby and list several hosts without target_session_attrs. Any
 	// other pool refuses both (a *URLError naming Setting).
 	ReadOnly bool
+	// Tracer, when set, traces the pool's queries (tracing.PgxTracer).
+	Tracer pgx.QueryTracer
 }
 
 func (c Config) setting() string {
@@ -107,6 +109,9 @@ func PoolConfig(cfg Config) (*pgxpool.Config, error) {
 		pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 		pcfg.ConnConfig.StatementCacheCapacity = 0
 		pcfg.ConnConfig.DescriptionCacheCapacity = 0
+	}
+	if cfg.Tracer != nil {
+		pcfg.ConnConfig.Tracer = cfg.Tracer
 	}
 	pcfg.HealthCheckPeriod = 5 * time.Second
 	pcfg.MaxConnIdleTime = time.Minute

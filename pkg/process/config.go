@@ -1,7 +1,8 @@
 // Package process is the shared skeleton of every leasehold service's main:
 // flags with LEASEHOLD_* environment fallbacks, a slog logger, a Prometheus
-// registry, the pgx pool, optional migrations, the health endpoints, and a
-// dskit services.Manager that starts the service's components and stops
+// registry, OpenTelemetry tracing (off unless the OTEL_* environment turns
+// it on; flushed on exit), the pgx pool, optional migrations, the health
+// endpoints, and a dskit services.Manager that starts the service's components and stops
 // them on SIGTERM or when any of them fails.
 package process
 
@@ -155,7 +156,7 @@ func ApplyEnv(fs *flag.FlagSet) error {
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
-		if given[f.Name] {
+		if given[f.Name] || noEnv[f.Name] {
 			return
 		}
 		if v, ok := os.LookupEnv(EnvName(f.Name)); ok {

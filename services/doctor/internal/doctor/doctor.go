@@ -66,6 +66,7 @@ var checks = map[string]checkFunc{
 	CodeDBReplication:     checkReplication,
 	CodeDBURL:             checkURL,
 	CodeDBConnections:     checkConnections,
+	CodeTLSExpiry:         checkTLSExpiry,
 }
 
 // Codes returns every finding code, sorted.

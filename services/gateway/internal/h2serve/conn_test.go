@@ -10,122 +10,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"golang.org/x/net/http2"
 
 	"github.com/leasehold/leasehold/pkg/tlstest"
 )
-
-// TestResetStreamReturnsUnreadDataToConnWindow: DATA buffered for a
-// handler that never read it is dropped when the stream is reset; its
-// bytes must still go back to the connection window, or a connection
-// whose streams get reset with unread data stalls for good.
-func TestResetStreamReturnsUnreadDataToConnWindow(t *testing.T) {
-	h := http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }) // never reads
-	rc := dialRaw(t, startServer(t, &Server{Handler: h}))
-	connSend := int64(65535) // the client's connection send window
-	// waitWindow reads frames until the connection window holds need bytes.
-	waitWindow := func(need int64) {
-		deadline := time.Now().Add(3 * time.Second)
-		for connSend < need {
-			_ = rc.nc.SetReadDeadline(deadline)
-			f, err := rc.fr.ReadFrame()
-			require.NoError(t, err, "connection window stuck at %d", connSend)
-			switch f := f.(type) {
-			case *http2.WindowUpdateFrame:
-				if f.StreamID == 0 {
-					connSend += int64(f.Increment)
-				}
-			case *http2.SettingsFrame:
-				if !f.IsAck() {
-					if v, ok := f.Value(http2.SettingHeaderTableSize); ok {
-						rc.henc.SetMaxDynamicTableSize(v)
-					}
-					require.NoError(t, rc.fr.WriteSettingsAck())
-				}
-			case *http2.GoAwayFrame:
-				t.Fatalf("GOAWAY %s: %s", f.ErrCode, f.DebugData())
-			}
-		}
-	}
-	chunk := make([]byte, 16000)
-	for i := range 40 { // 40 * 64000 bytes: 2.4 times the connection window
-		id := uint32(2*i + 1)
-		rc.headers(id, false, requestFields("/")...)
-		for range 4 {
-			waitWindow(int64(len(chunk)))
-			require.NoError(t, rc.fr.WriteData(id, false, chunk))
-			connSend -= int64(len(chunk))
-		}
-		require.NoError(t, rc.fr.WriteRSTStream(id, http2.ErrCodeCancel))
-	}
-}
-
-// TestMalformedRequestIsStreamError: a request the framer rejects (an
-// upper-case header name, RFC 9113 section 8.2.1) is a stream error: the
-// stream is reset and the connection's other streams carry on.
-func TestMalformedRequestIsStreamError(t *testing.T) {
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(http.StatusOK)
-		w.(http.Flusher).Flush()
-		<-r.Context().Done()
-	})
-	rc := dialRaw(t, startServer(t, &Server{Handler: h}))
-	rc.headers(1, false, requestFields("/")...)
-	rc.next(func(f http2.Frame) bool { _, ok := f.(*http2.MetaHeadersFrame); return ok })
-	rc.headers(3, true, requestFields("/", "X-Upper", "v")...)
-	f := rc.next(func(f http2.Frame) bool {
-		_, rst := f.(*http2.RSTStreamFrame)
-		return rst || isGoAway(f)
-	})
-	rst, ok := f.(*http2.RSTStreamFrame)
-	require.True(t, ok, "got %v", f)
-	require.Equal(t, uint32(3), rst.StreamID)
-	require.Equal(t, http2.ErrCodeProtocol, rst.ErrCode)
-	// A zero WINDOW_UPDATE increment on a stream is a stream error too.
-	require.NoError(t, rc.fr.WriteWindowUpdate(1, 0))
-	f = rc.next(func(f http2.Frame) bool {
-		_, rst := f.(*http2.RSTStreamFrame)
-		return rst || isGoAway(f)
-	})
-	rst, ok = f.(*http2.RSTStreamFrame)
-	require.True(t, ok, "got %v", f)
-	require.Equal(t, uint32(1), rst.StreamID)
-	require.Equal(t, http2.ErrCodeProtocol, rst.ErrCode)
-	// The connection still serves.
-	rc.headers(5, true, requestFields("/nope")...)
-	hf := rc.next(func(f http2.Frame) bool { _, ok := f.(*http2.MetaHeadersFrame); return ok || isGoAway(f) })
-	require.IsType(t, &http2.MetaHeadersFrame{}, hf)
-	require.Equal(t, uint32(5), hf.Header().StreamID)
-}
-
-// TestNoFramesAfterReset: once a stream is reset a handler's flush sends
-// nothing on it (RFC 9113 section 5.1: no frames on a closed stream) and
-// reports the reset.
-func TestNoFramesAfterReset(t *testing.T) {
-	flushErr := make(chan error, 1)
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		<-r.Context().Done()
-		w.WriteHeader(http.StatusOK)
-		flushErr <- w.(interface{ FlushError() error }).FlushError()
-	})
-	rc := dialRaw(t, startServer(t, &Server{Handler: h}))
-	rc.headers(1, false, requestFields("/")...)
-	require.NoError(t, rc.fr.WriteRSTStream(1, http2.ErrCodeCancel))
-	select {
-	case err := <-flushErr:
-		require.ErrorIs(t, err, errStreamReset)
-	case <-time.After(5 * time.Second):
-		t.Fatal("handler did not flush")
-	}
-	require.NoError(t, rc.fr.WritePing(false, [8]byte{7}))
-	rc.next(func(f http2.Frame) bool {
-		if f.Header().StreamID == 1 {
-			t.Fatalf("frame on the reset stream: %v", f)
-		}
-		p, ok := f.(*http2.PingFrame)
-		return ok && p.IsAck()
-	})
-}
 
 // hookCtx runs hook when a request context is derived from it.
 type hookCtx struct {
@@ -198,22 +85,4 @@ func TestCloseDuringTLSHandshake(t *testing.T) {
 		wg.Wait()
 		srv.Wait()
 	}
-}
-
-// TestHeadersNotHeldByFlowControl: HEADERS are not flow-controlled
-// (RFC 9113 section 6.9): a response whose DATA waits for window still
-// sends its header at once.
-func TestHeadersNotHeldByFlowControl(t *testing.T) {
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = w.Write(make([]byte, 1000))
-		w.(http.Flusher).Flush()
-		<-r.Context().Done()
-	})
-	rc := dialRaw(t, startServer(t, &Server{Handler: h}), http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
-	rc.headers(1, false, requestFields("/")...)
-	f := rc.next(func(f http2.Frame) bool { return f.Header().StreamID == 1 })
-	require.IsType(t, &http2.MetaHeadersFrame{}, f)
-	require.NoError(t, rc.fr.WriteWindowUpdate(1, 1000))
-	d := rc.next(func(f http2.Frame) bool { _, ok := f.(*http2.DataFrame); return ok }).(*http2.DataFrame)
-	require.Len(t, d.Data(), 1000)
 }
