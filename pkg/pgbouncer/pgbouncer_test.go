@@ -72,6 +72,9 @@ func TestRepointAfterPromotionKeepsClientsWorking(t *testing.T) {
 	if _, err := pglocal.BinDir(); err != nil {
 		t.Skip(err)
 	}
+	if pgtest.Pooled() {
+		t.Skip("starts its own servers and PgBouncer: runs once, in the default mode")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	p := pgha.Start(t, pgha.Options{Sync: true})

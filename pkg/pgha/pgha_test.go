@@ -28,6 +28,9 @@ func skipWithoutBinaries(t *testing.T) {
 	if _, err := pglocal.BinDir(); err != nil {
 		t.Skip(err)
 	}
+	if pgtest.Pooled() {
+		t.Skip("starts its own servers on direct URLs: runs once, in the default mode")
+	}
 }
 
 func ctxFor(t *testing.T) context.Context {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/leasehold/leasehold/pkg/pgha"
 	"github.com/leasehold/leasehold/pkg/pglocal"
+	"github.com/leasehold/leasehold/pkg/pgtest"
 	"github.com/leasehold/leasehold/pkg/process"
 )
 
@@ -56,6 +57,9 @@ func TestRunRefusesMultiHostURLWithoutTargetSessionAttrs(t *testing.T) {
 func TestRunRefusesAStandby(t *testing.T) {
 	if _, err := pglocal.BinDir(); err != nil {
 		t.Skip(err)
+	}
+	if pgtest.Pooled() {
+		t.Skip("starts its own servers on direct URLs: runs once, in the default mode")
 	}
 	p := pgha.Start(t, pgha.Options{})
 	code, out, built := runLogged(t, "--database-url", p.StandbyURL())

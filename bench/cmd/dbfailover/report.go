@@ -26,8 +26,8 @@ type scenarioResult struct {
 	LeasesBack float64 `json:"leases_back_s"`
 	ReadyBack  float64 `json:"ready_back_s"`
 	// CompletedBack is the time from the database being back until every
-	// acknowledged command had completed (0: some never did); it includes
-	// -after and the nodes' reconnection back-off.
+	// acknowledged command still in the table had completed (0: some never
+	// did); it includes -after and the nodes' reconnection back-off.
 	CompletedBack float64 `json:"completed_back_s"`
 	// Acknowledged commands (CreateCommand returned OK), CreateFailed
 	// calls, Completed (succeeded or failed on the node), Lost
@@ -112,7 +112,7 @@ func (r *result) print(w io.Writer) {
 	fmt.Fprintln(w)
 	for _, s := range r.Scenarios {
 		fmt.Fprintf(w, "%s: %d leases; %d create calls failed during the fault; %d executions; %d lost acknowledged commands absent from the table; "+
-			"every acknowledged command completed %.1f s after the database was back; %d (lease, epoch) pairs polled, %d lease log rows\n",
+			"every acknowledged command left completed %.1f s after the database was back; %d (lease, epoch) pairs polled, %d lease log rows\n",
 			s.Scenario, s.Leases, s.CreateFailed, s.Executions, s.LostAbsent, s.CompletedBack, s.HolderPairsSeen, s.LogRows)
 		for _, b := range s.TwoHoldersSeen {
 			fmt.Fprintf(w, "  two holders: %s\n", b)

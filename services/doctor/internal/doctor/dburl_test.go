@@ -6,6 +6,7 @@ import (
 
 	"github.com/leasehold/leasehold/pkg/pgha"
 	"github.com/leasehold/leasehold/pkg/pglocal"
+	"github.com/leasehold/leasehold/pkg/pgtest"
 	"github.com/leasehold/leasehold/services/doctor/internal/doctor"
 )
 
@@ -17,6 +18,9 @@ import (
 func TestDatabaseURLAndRealStandby(t *testing.T) {
 	if _, err := pglocal.BinDir(); err != nil {
 		t.Skip(err)
+	}
+	if pgtest.Pooled() {
+		t.Skip("starts its own servers on direct URLs: runs once, in the default mode")
 	}
 	t.Parallel()
 	p := pgha.Start(t, pgha.Options{Sync: true})
