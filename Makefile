@@ -229,7 +229,7 @@ FUZZTIME ?= 10s
 FUZZ_TARGETS := pkg/coord:FuzzValidateName pkg/coord:FuzzValidateTTL pkg/daemon:FuzzConnectResponse \
 	pkg/process:FuzzRun services/gateway/internal/gateway:FuzzConnectRequest \
 	services/gateway/internal/h2serve:FuzzServeConn \
-	services/site-agent/internal/pxe:FuzzHandlePacket
+	services/site-agent/internal/pxe:FuzzHandlePacket services/site-agent/internal/tftp:FuzzParseRequest
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do dir=$${t%%:*}; name=$${t##*:}; \
 		echo "== fuzz $$name ($$dir) for $(FUZZTIME)"; \

@@ -34,6 +34,13 @@ const (
 	testTTL       = 3 * time.Second
 )
 
+// siteGatewayArgs are FastGateway with a longer gateway lease (8 s, renewed
+// every 2 s): these tests are about the boot lease, and a 2 s gateway lease
+// can run out on a machine saturated by other tests (a VM under TCG beside
+// them), which fences the gateway and fails the test for an unrelated reason.
+var siteGatewayArgs = append(append([]string{}, fleettest.FastGateway...), "--gateway.spec-poll", "200ms",
+	"--gateway.lease-ttl", "8s", "--gateway.lease-renew", "2s", "--gateway.session-lease", "12s")
+
 var siteWorkerArgs = []string{"--sites.boot-lease-ttl", "3s", "--sites.promote-after", "3s",
 	"--sites.renew-interval", "500ms", "--sites.scan-interval", "500ms"}
 
@@ -188,7 +195,7 @@ func TestTwoAgentsOneAnswersAndFailoverNeverOverlaps(t *testing.T) {
 	}
 	db := pgtest.NewDB(t)
 	ctx := context.Background()
-	gw := fleettest.StartGateway(t, db.URL, "gw_site", append(append([]string{}, fleettest.FastGateway...), "--gateway.spec-poll", "200ms")...)
+	gw := fleettest.StartGateway(t, db.URL, "gw_site", siteGatewayArgs...)
 	fleettest.StartService(t, "worker", db.URL, "w_site", append(append([]string{}, fleettest.FastCoord...), siteWorkerArgs...)...)
 
 	var logs syncBuf

@@ -31,7 +31,7 @@ func TestStandbyServesTheCacheAndRunsBMCCommands(t *testing.T) {
 	}
 	db := pgtest.NewDB(t)
 	ctx := context.Background()
-	gw := fleettest.StartGateway(t, db.URL, "gw_stb", append(append([]string{}, fleettest.FastGateway...), "--gateway.spec-poll", "200ms")...)
+	gw := fleettest.StartGateway(t, db.URL, "gw_stb", siteGatewayArgs...)
 	fleettest.StartService(t, "worker", db.URL, "w_stb", append(append([]string{}, fleettest.FastCoord...), siteWorkerArgs...)...)
 
 	image := []byte("an initrd the standby has never seen")

@@ -446,6 +446,17 @@ func parseContentRange(v string) (start, end, size int64, ok bool) {
 	return start, end, size, true
 }
 
+// forget drops digest from the index (its file is gone).
+func (c *Cache) forget(digest string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.entries[digest]; ok {
+		c.total -= e.size
+		delete(c.entries, digest)
+		c.bytes.Set(float64(c.total))
+	}
+}
+
 // evict removes the least recently used images other than keep until the
 // total fits the budget. A file being served stays readable until its
 // reader closes it (it is only unlinked).
@@ -484,19 +495,27 @@ func (c *Cache) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "not a sha256 digest", http.StatusBadRequest)
 		return
 	}
-	if err := c.Ensure(r.Context(), digest); err != nil {
-		code := http.StatusBadGateway
-		if errors.Is(err, ErrTooLarge) {
-			code = http.StatusInsufficientStorage
+	var f *os.File
+	for attempt := 0; f == nil; attempt++ {
+		if err := c.Ensure(r.Context(), digest); err != nil {
+			code := http.StatusBadGateway
+			if errors.Is(err, ErrTooLarge) {
+				code = http.StatusInsufficientStorage
+			}
+			http.Error(w, err.Error(), code)
+			return
 		}
-		http.Error(w, err.Error(), code)
-		return
-	}
-	c.touch(digest)
-	f, err := os.Open(c.Path(digest))
-	if err != nil {
-		http.Error(w, "image vanished", http.StatusInternalServerError)
-		return
+		c.touch(digest)
+		var err error
+		if f, err = os.Open(c.Path(digest)); err != nil {
+			// Evicted between Ensure and Open, or removed by hand:
+			// forget it and fetch it again, once.
+			c.forget(digest)
+			if attempt > 0 {
+				http.Error(w, "image vanished from the cache", http.StatusInternalServerError)
+				return
+			}
+		}
 	}
 	defer f.Close()
 	st, err := f.Stat()

@@ -316,3 +316,26 @@ func TestAnOriginThatLiesAboutItsLengthIsAClearError(t *testing.T) {
 	c = newCache(t, tooBig, nil)
 	require.ErrorIs(t, c.Ensure(context.Background(), d), ErrTooLarge, "refused from the declared length, before any byte")
 }
+
+func TestAnImageRemovedFromDiskIsFetchedAgain(t *testing.T) {
+	t.Parallel()
+	o := &origin{files: map[string][]byte{}}
+	c := newCache(t, o, nil)
+	b := []byte("kernel")
+	d := digestOf(b)
+	o.files[d] = b
+	mux := http.NewServeMux()
+	mux.Handle("GET /images/sha256/{digest}", c)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	for range 2 {
+		resp, err := http.Get(srv.URL + "/images/sha256/" + d)
+		require.NoError(t, err)
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		require.Equal(t, b, got)
+		require.NoError(t, os.Remove(c.Path(d))) // an operator cleans up by hand
+	}
+	require.EqualValues(t, 2, o.hits.Load())
+}
