@@ -61,19 +61,32 @@ RETURNING id, kind, payload, deadline, dispatch_count, created_at`
 // dispatchSQL takes pending commands of nodes whose session this gateway
 // holds at the given epochs: the route is the join on node_sessions at
 // dispatch time, and SKIP LOCKED lets gateways dispatch side by side.
+//
+// Its cost follows the batch, not the backlog: for each session a LATERAL
+// pick reads at most that node's limit ($4[i]) of its oldest pending
+// commands from commands_pending_idx (node_id, created_at) WHERE state =
+// 'pending', already in order, so nothing is sorted but the picked rows.
+// A plan that joins every pending command and sorts it all (what this
+// replaced) costs 25-32 ms at 30,000 pending; TestDispatchPlanIsOBatch
+// holds the plan to the batch with EXPLAIN (ANALYZE, BUFFERS).
 const dispatchSQL = `
 WITH mine AS (
-  SELECT * FROM unnest($2::text[], $3::bigint[]) AS m(node_id, epoch)
+  SELECT * FROM unnest($2::text[], $3::bigint[], $4::int[]) AS m(node_id, epoch, lim)
 ), picked AS (
-  SELECT c.id
-    FROM commands c
-    JOIN node_sessions s ON s.node_id = c.node_id
-    JOIN mine m ON m.node_id = s.node_id AND m.epoch = s.session_epoch
-   WHERE c.state = 'pending' AND s.gateway_id = $1
-     AND (c.deadline IS NULL OR c.deadline > compute_now())
-   ORDER BY c.created_at
-   LIMIT $4
-   FOR UPDATE OF c SKIP LOCKED
+  SELECT p.id
+    FROM mine m
+    JOIN node_sessions s ON s.node_id = m.node_id AND s.session_epoch = m.epoch AND s.gateway_id = $1
+    CROSS JOIN LATERAL (
+      SELECT c.id, c.created_at
+        FROM commands c
+       WHERE c.node_id = m.node_id AND c.state = 'pending'
+         AND (c.deadline IS NULL OR c.deadline > compute_now())
+       ORDER BY c.created_at
+       LIMIT m.lim
+       FOR UPDATE SKIP LOCKED
+    ) p
+   ORDER BY p.created_at
+   LIMIT $5
 )
 UPDATE commands c SET
   state = 'dispatched',
