@@ -98,6 +98,8 @@ type Gateway struct {
 	sessions map[string]*session
 
 	dispatchWaker *nodeWaker
+	// ingest is the group commit of results, acks and events (ingest.go).
+	ingest *ingester
 	specWaker     *nodeWaker
 
 	// fenceMu orders fence and unfence; fencedCh is closed at each fence
@@ -144,7 +146,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		checker:       grpchealth.NewStaticChecker(nodev1connect.NodeGatewayServiceName),
 		sessions:      map[string]*session{},
 		fencedCh:      make(chan struct{}),
-		dispatchWaker: newNodeWaker(), specWaker: newNodeWaker(),
+		dispatchWaker: newNodeWaker(), specWaker: newNodeWaker(), ingest: newIngester(),
 	}
 	g.keeper, err = coord.NewKeeper(client, coord.KeeperConfig{
 		Name: name, TTL: cfg.LeaseTTL, Renew: cfg.LeaseRenew, Trust: cfg.LeaseTTL / 2,
@@ -383,7 +385,7 @@ func (g *Gateway) running(ctx context.Context) error {
 
 	loopCtx, cancelLoops := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	for _, loop := range []func(context.Context){g.livenessLoop, g.dispatchLoop, g.notifyLoop, g.specLoop} {
+	for _, loop := range []func(context.Context){g.livenessLoop, g.dispatchLoop, g.notifyLoop, g.specLoop, g.ingestLoop} {
 		wg.Add(1)
 		go func() { defer wg.Done(); loop(loopCtx) }()
 	}

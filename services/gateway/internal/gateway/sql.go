@@ -119,23 +119,62 @@ const closeNodeSQL = `
 UPDATE nodes SET state = 'disconnected', updated_at = compute_now()
  WHERE id = $1 AND state_epoch = $2 AND state = 'connected'`
 
-// ackSQL records a command acknowledgement from its own node.
-const ackSQL = `
-UPDATE commands SET state = 'acknowledged', acked_at = compute_now()
- WHERE id = $1 AND node_id = $2 AND state = 'dispatched'`
-
-const commandOwnerSQL = `SELECT node_id, state FROM commands WHERE id = $1`
-
-const commandOwnerForUpdateSQL = `SELECT node_id, state FROM commands WHERE id = $1 FOR UPDATE`
-
-const insertResultSQL = `
-INSERT INTO command_results (node_id, id, command_id, exit_code, output, error, started_at, finished_at, gateway_id, session_epoch)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-ON CONFLICT (node_id, id) DO NOTHING`
-
-const finishCommandSQL = `
-UPDATE commands SET state = $2, finished_at = compute_now()
- WHERE id = $1 AND state IN ('pending', 'dispatched', 'acknowledged')`
+// ingestSQL is the group commit (ingest.go): in one statement it stores a
+// batch of results ($2..$11), acks ($12..$14) and events ($15..$22), each
+// array element tagged with its item's index, and returns every index with
+// its outcome. A result is stored only for a command of its own node,
+// ON CONFLICT DO NOTHING on (node_id, id), and closes its command as
+// succeeded or failed only if it is not terminal; an ack moves its own
+// node's dispatched command to acknowledged. The batch never holds an ack
+// and a result for the same command, so no row is changed twice. When a
+// command finishes, one NOTIFY on leasehold_command_done (empty payload,
+// once per batch) wakes the api's WaitCommand.
+const ingestSQL = `
+WITH r AS (
+  SELECT * FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::int[], $7::bytea[], $8::text[],
+                       $9::timestamptz[], $10::timestamptz[], $11::bigint[])
+    AS r(i, node_id, id, command_id, exit_code, output, error, started_at, finished_at, session_epoch)
+), ins AS (
+  INSERT INTO command_results (node_id, id, command_id, exit_code, output, error, started_at, finished_at, gateway_id, session_epoch)
+  SELECT r.node_id, r.id, r.command_id, r.exit_code, r.output, r.error, r.started_at, r.finished_at, $1, r.session_epoch
+    FROM r JOIN commands c ON c.id = r.command_id AND c.node_id = r.node_id
+  ON CONFLICT (node_id, id) DO NOTHING
+  RETURNING node_id, id, command_id, exit_code, error
+), fin AS (
+  UPDATE commands c SET state = CASE WHEN i.exit_code <> 0 OR i.error <> '' THEN 'failed' ELSE 'succeeded' END,
+                        finished_at = compute_now()
+    FROM ins i
+   WHERE c.id = i.command_id AND c.state IN ('pending', 'dispatched', 'acknowledged')
+  RETURNING c.id
+), a AS (
+  SELECT * FROM unnest($12::int[], $13::text[], $14::text[]) AS a(i, node_id, command_id)
+), acked AS (
+  UPDATE commands c SET state = 'acknowledged', acked_at = compute_now()
+    FROM a
+   WHERE c.id = a.command_id AND c.node_id = a.node_id AND c.state = 'dispatched'
+  RETURNING c.id
+), e AS (
+  SELECT * FROM unnest($15::int[], $16::text[], $17::text[], $18::text[], $19::text[], $20::timestamptz[], $21::bigint[], $22::bigint[])
+    AS e(i, node_id, id, kind, payload, occurred_at, session_epoch, boot_epoch)
+), evins AS (
+  INSERT INTO node_events (node_id, id, kind, payload, occurred_at, gateway_id, session_epoch, boot_epoch)
+  SELECT e.node_id, e.id, e.kind, e.payload::jsonb, e.occurred_at, $1, e.session_epoch, e.boot_epoch FROM e
+  ON CONFLICT (node_id, id) DO NOTHING
+  RETURNING node_id, id
+)
+SELECT r.i, CASE WHEN c.id IS NULL THEN 'unknown'
+                 WHEN c.node_id <> r.node_id THEN 'denied'
+                 WHEN EXISTS (SELECT 1 FROM ins WHERE ins.node_id = r.node_id AND ins.id = r.id) THEN 'stored'
+                 ELSE 'duplicate' END
+  FROM r LEFT JOIN commands c ON c.id = r.command_id
+UNION ALL
+SELECT a.i, CASE WHEN c.node_id IS NOT NULL AND c.node_id <> a.node_id THEN 'denied' ELSE 'ok' END
+  FROM a LEFT JOIN commands c ON c.id = a.command_id
+UNION ALL
+SELECT e.i, CASE WHEN EXISTS (SELECT 1 FROM evins x WHERE x.node_id = e.node_id AND x.id = e.id) THEN 'stored' ELSE 'duplicate' END
+  FROM e
+UNION ALL
+SELECT -1, 'notified' FROM (SELECT pg_notify('` + commandDoneChannel + `', '') FROM (SELECT 1 FROM fin LIMIT 1) f) n`
 
 const insertEventSQL = `
 INSERT INTO node_events (node_id, id, kind, payload, occurred_at, gateway_id, session_epoch, boot_epoch)
@@ -144,6 +183,10 @@ ON CONFLICT (node_id, id) DO NOTHING`
 
 // commandsChannel is the NOTIFY channel of command inserts (migration 00008).
 const commandsChannel = "leasehold_commands"
+
+// commandDoneChannel is NOTIFYed (empty payload) by a group commit that
+// finished commands; the api's WaitCommand LISTENs on it.
+const commandDoneChannel = "leasehold_command_done"
 
 // specChannel is the NOTIFY channel of node spec changes (migration 00013).
 const specChannel = "leasehold_node_spec"
