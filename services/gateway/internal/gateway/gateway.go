@@ -99,8 +99,8 @@ type Gateway struct {
 
 	dispatchWaker *nodeWaker
 	// ingest is the group commit of results, acks and events (ingest.go).
-	ingest *ingester
-	specWaker     *nodeWaker
+	ingest    *ingester
+	specWaker *nodeWaker
 
 	// fenceMu orders fence and unfence; fencedCh is closed at each fence
 	// (drain watches it) and replaced when serving resumes; generation
