@@ -197,6 +197,7 @@ func leasehold(ctx context.Context, c config, srv *harness.Server, gateways int,
 		return m, dir, fmt.Errorf("nodes did not connect: %w", err)
 	}
 	prod := f.NewProducer(c.producer == "api")
+	defer prod.Close()
 	count := func() int64 {
 		var n int64
 		_ = f.DB.Pool.QueryRow(ctx, `SELECT count(*) /*bench*/ FROM commands WHERE state = 'succeeded'`).Scan(&n)

@@ -68,7 +68,7 @@ func setup(t *testing.T, opts ...func(*Config, *http.Transport)) *bundle {
 	require.NoError(t, cfg.Validate())
 	logs := &proctest.Buffer{}
 	reg := prometheus.NewRegistry()
-	svc, err := New(cfg, Deps{DB: db.Pool, Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Registry: reg})
+	svc, err := New(cfg, Deps{DB: db.Pool, NotifyURL: db.DirectURL, Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Registry: reg})
 	require.NoError(t, err)
 	// The service runs until stopped: its start context must outlive setup.
 	require.NoError(t, services.StartAndAwaitRunning(context.Background(), svc))

@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/leasehold/leasehold/pkg/cmdwake"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1/controlv1connect"
 	"github.com/leasehold/leasehold/pkg/health"
 )
@@ -35,6 +36,9 @@ type Deps struct {
 	Registry prometheus.Registerer
 	// Health, when set, gets the "api" readiness check.
 	Health *health.Handler
+	// NotifyURL is a direct database URL to LISTEN on for finished
+	// commands (WaitCommand); "" polls only.
+	NotifyURL string
 }
 
 // Service is the api's dskit service: it listens in starting, serves in
@@ -66,13 +70,14 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	s := &Service{
 		cfg:     cfg,
 		log:     log,
-		waiter:  newWaiter(deps.DB, cfg.WaitPollInterval, log),
+		waiter:  newWaiter(deps.DB, deps.NotifyURL, cfg.WaitPollInterval, log),
 		checker: grpchealth.NewStaticChecker(),
 		role:    health.NewRoleGauge(deps.Registry, "api"),
 	}
 	s.checker.SetStatus("", grpchealth.StatusNotServing)
 	s.checker.SetStatus(controlv1connect.ControlServiceName, grpchealth.StatusNotServing)
-	s.handler = &Handler{db: deps.DB, log: log, waiter: s.waiter, defaultTimeout: cfg.DefaultCommandTimeout}
+	s.handler = &Handler{db: deps.DB, log: log, waiter: s.waiter, wake: cmdwake.New(deps.DB, cmdwake.DefaultInterval, log),
+		defaultTimeout: cfg.DefaultCommandTimeout}
 	m := newMetrics(deps.Registry, s.waiter)
 
 	mux := http.NewServeMux()

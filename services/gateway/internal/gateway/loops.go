@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/leasehold/leasehold/pkg/cmdwake"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 )
 
@@ -209,7 +210,7 @@ func (g *Gateway) dispatchOnce(ctx context.Context, ids []string, epochs []int64
 	return got, len(out), nil
 }
 
-// notifyLoop LISTENs for command inserts on a dedicated connection and wakes
+// notifyLoop LISTENs for command wake-ups on a dedicated connection and wakes
 // dispatch for the notified nodes held here. Without a notify URL (behind a
 // transaction pooler) dispatch only polls.
 func (g *Gateway) notifyLoop(ctx context.Context) {
@@ -256,18 +257,33 @@ func (g *Gateway) listen(ctx context.Context) error {
 			}
 			return err
 		}
-		g.mu.Lock()
-		_, mine := g.sessions[n.Payload]
-		g.mu.Unlock()
-		if !mine {
+		if n.Channel == specChannel {
+			if g.holds(n.Payload) {
+				g.wakeSpec(n.Payload)
+			}
 			continue
 		}
-		if n.Channel == specChannel {
-			g.wakeSpec(n.Payload)
-		} else {
-			g.wakeDispatch(n.Payload)
+		// A coalesced command wake-up (pkg/cmdwake): a list of nodes, or
+		// "" for every session.
+		nodes := cmdwake.Nodes(n.Payload)
+		if nodes == nil {
+			g.wakeDispatch("")
+			continue
+		}
+		for _, id := range nodes {
+			if g.holds(id) {
+				g.wakeDispatch(id)
+			}
 		}
 	}
+}
+
+// holds reports whether nodeID has a session here.
+func (g *Gateway) holds(nodeID string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	_, ok := g.sessions[nodeID]
+	return ok
 }
 
 // wakeSpec asks the spec loop to compare nodeID's spec ("" compares every

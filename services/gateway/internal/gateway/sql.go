@@ -1,5 +1,7 @@
 package gateway
 
+import "github.com/leasehold/leasehold/pkg/cmdwake"
+
 // The gateway's statements, one per purpose, always parameterised. Every
 // time comes from compute_now().
 
@@ -181,8 +183,10 @@ INSERT INTO node_events (node_id, id, kind, payload, occurred_at, gateway_id, se
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT (node_id, id) DO NOTHING`
 
-// commandsChannel is the NOTIFY channel of command inserts (migration 00008).
-const commandsChannel = "leasehold_commands"
+// commandsChannel is the NOTIFY channel of command wake-ups, coalesced by
+// the creating process (pkg/cmdwake; migration 00016 removed the per-insert
+// trigger).
+const commandsChannel = cmdwake.Channel
 
 // commandDoneChannel is NOTIFYed (empty payload) by a group commit that
 // finished commands; the api's WaitCommand LISTENs on it.
