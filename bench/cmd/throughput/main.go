@@ -538,12 +538,19 @@ func (r *result) print(w io.Writer) {
 			m.Latency.P50, m.Latency.P99, m.PGCPUms, m.Statements, m.Commits, m.Unfinished, m.Load)
 	}
 	if r.RiverBest > 0 {
-		fmt.Fprintf(w, "\nratio leasehold/River at its best (%.0f completed/s): 1 gateway %.2f, 3 gateways %.2f\n", r.RiverBest, r.Ratio1, r.Ratio)
+		fmt.Fprintf(w, "\nratio leasehold/River at its best (%.0f completed/s):", r.RiverBest)
+		if r.Ratio1 > 0 {
+			fmt.Fprintf(w, " 1 gateway %.2f", r.Ratio1)
+		}
+		if r.Ratio > 0 {
+			fmt.Fprintf(w, " 3 gateways %.2f", r.Ratio)
+		}
+		fmt.Fprintln(w)
 	}
 	if b := r.Backlog; b != nil {
 		fmt.Fprintf(w, "\nbacklog: %d pending drained in %.1f s (%.0f/s, %d unfinished), load %s\n", b.Pending, b.DrainSeconds, b.DrainedPS, b.Unfinished, b.Load)
 		fmt.Fprintf(w, "dispatch call p50 / p99: %.1f / %.1f ms while draining (%.0f calls) vs %.1f / %.1f ms in the steady run\n",
 			b.DispatchCallP50*1000, b.DispatchCallP99*1000, b.DispatchCalls, b.SteadyDispatchCallP50*1000, b.SteadyDispatchCallP99*1000)
-		fmt.Fprintf(w, "gateway lease renewal p50 / p99 while draining: %.1f / %.1f ms (%.0f renewals)\n", b.RenewP50*1000, b.RenewP99*1000, b.Renewals)
+		fmt.Fprintf(w, "gateway lease renewal p50 / p99 while draining: %.1f / %.1f ms (%.0f renewals; a quantile at the largest bucket bound means beyond it)\n", b.RenewP50*1000, b.RenewP99*1000, b.Renewals)
 	}
 }
