@@ -29,8 +29,9 @@ const (
 // chaosSchema extends the failover tables so that every fenced write records,
 // from inside its own transaction, the lease it was fenced on, that lease's
 // epoch and owner, and the lease's expiry when it started and when it
-// finished. The fence's FOR SHARE lock keeps that row unchanged for the whole
-// transaction, so what the trigger reads is exactly the epoch the write was
+// finished. The fence's FOR KEY SHARE lock keeps that row's epoch and owner
+// unchanged for the whole transaction (a renewal may still move expires_at
+// later), so what the trigger reads is exactly the epoch the write was
 // fenced at.
 const chaosSchema = `
 CREATE TABLE key_lease (key text PRIMARY KEY, lease text NOT NULL);

@@ -35,7 +35,7 @@ func main() {
 		},
 		Validate: cfg.Validate,
 		Build: func(ctx context.Context, p *process.Process) ([]services.Service, error) {
-			s, err := api.New(cfg, api.Deps{DB: p.DB, Logger: p.Logger, Registry: p.Registry, Health: p.Health})
+			s, err := api.New(cfg, api.Deps{DB: p.DB, Logger: p.Logger, Registry: p.Registry, Health: p.Health, NotifyURL: p.Config.NotifyURL()})
 			if err != nil {
 				return nil, err
 			}

@@ -81,6 +81,7 @@ func run(ctx context.Context, c config, started func(*fleet.Fleet)) (*result, er
 
 	// Producer: commands to random nodes at a steady rate.
 	prod := f.NewProducer(c.producer == "api")
+	defer prod.Close()
 	prodCtx, stopProd := context.WithCancel(ctx)
 	var created, createErrs atomic.Int64
 	var prodWG sync.WaitGroup

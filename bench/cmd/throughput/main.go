@@ -32,35 +32,69 @@ import (
 )
 
 type config struct {
-	nodes, concurrency, riverWorkers int
-	gateways                         []int
-	warmup, window, drain            time.Duration
-	producer, jsonPath, binDir       string
-	durable, river                   bool
+	nodes, concurrency, backlog int
+	riverWorkers, gateways      []int
+	backlogDrain                time.Duration
+	warmup, window, drain       time.Duration
+	producer, jsonPath, binDir  string
+	durable, river              bool
 }
 
 type measurement struct {
-	System      string       `json:"system"`
-	Gateways    int          `json:"gateways,omitempty"`
-	Created     int64        `json:"created"`
-	CreatedPS   float64      `json:"created_per_sec"`
-	Completed   int64        `json:"completed_in_window"`
-	CompletedPS float64      `json:"completed_per_sec"`
-	Latency     harness.Dist `json:"latency_create_to_done"`
-	Unfinished  int64        `json:"unfinished_after_drain"`
+	System       string       `json:"system"`
+	Gateways     int          `json:"gateways,omitempty"`
+	RiverWorkers int          `json:"river_max_workers,omitempty"`
+	Created      int64        `json:"created"`
+	CreatedPS    float64      `json:"created_per_sec"`
+	Completed    int64        `json:"completed_in_window"`
+	CompletedPS  float64      `json:"completed_per_sec"`
+	Latency      harness.Dist `json:"latency_create_to_done"`
+	Unfinished   int64        `json:"unfinished_after_drain"`
+	// Per command completed in the window: PostgreSQL CPU (all its
+	// processes), statements (pg_stat_statements) and transactions.
+	PGCPUms    float64 `json:"pg_cpu_ms_per_command"`
+	Statements float64 `json:"statements_per_command"`
+	Commits    float64 `json:"commits_per_command"`
+	// leasehold, from the gateways' histograms over the window.
+	DispatchCallP50 float64 `json:"dispatch_call_p50_s,omitempty"`
+	DispatchCallP99 float64 `json:"dispatch_call_p99_s,omitempty"`
+	RenewP50        float64 `json:"lease_renew_p50_s,omitempty"`
+	RenewP99        float64 `json:"lease_renew_p99_s,omitempty"`
+	Load            string  `json:"load_average"`
+}
+
+// backlogResult is the backlog scenario: N pending commands inserted at
+// once, then drained by one gateway.
+type backlogResult struct {
+	Pending         int     `json:"pending"`
+	DrainSeconds    float64 `json:"drain_s"`
+	DrainedPS       float64 `json:"drained_per_sec"`
+	Unfinished      int64   `json:"unfinished"`
+	DispatchCalls   float64 `json:"dispatch_calls"`
+	DispatchCallP50 float64 `json:"dispatch_call_p50_s"`
+	DispatchCallP99 float64 `json:"dispatch_call_p99_s"`
+	Renewals        float64 `json:"lease_renewals"`
+	RenewP50        float64 `json:"lease_renew_p50_s"`
+	RenewP99        float64 `json:"lease_renew_p99_s"`
+	// The same histograms over the steady run before it (few pending).
+	SteadyDispatchCallP50 float64 `json:"steady_dispatch_call_p50_s"`
+	SteadyDispatchCallP99 float64 `json:"steady_dispatch_call_p99_s"`
+	Load                  string  `json:"load_average"`
 }
 
 type result struct {
-	Machine     string        `json:"machine"`
-	Database    string        `json:"database"`
-	Date        string        `json:"date"`
-	Nodes       int           `json:"nodes"`
-	Concurrency int           `json:"concurrency"`
-	Producer    string        `json:"producer"`
-	Window      float64       `json:"window_s"`
-	Results     []measurement `json:"results"`
-	Ratio       float64       `json:"ratio_leasehold_3gw_over_river"`
-	Ratio1      float64       `json:"ratio_leasehold_1gw_over_river"`
+	Machine     string         `json:"machine"`
+	Database    string         `json:"database"`
+	Date        string         `json:"date"`
+	Nodes       int            `json:"nodes"`
+	Concurrency int            `json:"concurrency"`
+	Producer    string         `json:"producer"`
+	Window      float64        `json:"window_s"`
+	Results     []measurement  `json:"results"`
+	Backlog     *backlogResult `json:"backlog,omitempty"`
+	RiverBest   float64        `json:"river_best_completed_per_sec"`
+	Ratio       float64        `json:"ratio_leasehold_3gw_over_river_best"`
+	Ratio1      float64        `json:"ratio_leasehold_1gw_over_river_best"`
 }
 
 func logf(format string, args ...any) {
@@ -69,11 +103,13 @@ func logf(format string, args ...any) {
 
 func main() {
 	var c config
-	var gws string
+	var gws, rws string
 	flag.IntVar(&c.nodes, "nodes", 300, "simulated nodes")
 	flag.StringVar(&gws, "gateways", "1,3", "gateway counts to measure")
 	flag.IntVar(&c.concurrency, "concurrency", 16, "concurrent creators (each creates one command or job at a time)")
-	flag.IntVar(&c.riverWorkers, "river-workers", 100, "River: MaxWorkers of the working client")
+	flag.StringVar(&rws, "river-workers", "100,500,1000", "River: MaxWorkers of the working client, one run each; the ratio uses the best")
+	flag.IntVar(&c.backlog, "backlog", 100000, "backlog scenario after the first leasehold run: insert this many pending commands at once and drain them (0: off)")
+	flag.DurationVar(&c.backlogDrain, "backlog-drain", 5*time.Minute, "backlog scenario: wait this long at most for the drain")
 	flag.DurationVar(&c.warmup, "warmup", 5*time.Second, "load before the measuring window")
 	flag.DurationVar(&c.window, "window", 20*time.Second, "measuring window")
 	flag.DurationVar(&c.drain, "drain", 60*time.Second, "after the window, wait this long at most for the backlog")
@@ -83,13 +119,18 @@ func main() {
 	flag.BoolVar(&c.durable, "durable", true, "local PostgreSQL with fsync and synchronous_commit on")
 	flag.BoolVar(&c.river, "river", true, "measure River too")
 	flag.Parse()
-	for _, g := range strings.Split(gws, ",") {
-		var n int
-		if _, err := fmt.Sscan(strings.TrimSpace(g), &n); err != nil || n < 1 {
-			fmt.Fprintf(os.Stderr, "throughput: bad -gateways %q\n", gws)
-			os.Exit(2)
+	for _, l := range []struct {
+		flag, val string
+		out       *[]int
+	}{{"-gateways", gws, &c.gateways}, {"-river-workers", rws, &c.riverWorkers}} {
+		for _, g := range strings.Split(l.val, ",") {
+			var n int
+			if _, err := fmt.Sscan(strings.TrimSpace(g), &n); err != nil || n < 1 {
+				fmt.Fprintf(os.Stderr, "throughput: bad %s %q\n", l.flag, l.val)
+				os.Exit(2)
+			}
+			*l.out = append(*l.out, n)
 		}
-		c.gateways = append(c.gateways, n)
 	}
 	sup := &harness.Supervisor{}
 	var mu sync.Mutex
@@ -126,8 +167,12 @@ func run(ctx context.Context, c config, sup *harness.Supervisor, started func(*f
 	r := &result{Machine: harness.Host(), Database: srv.Desc, Date: time.Now().UTC().Format(time.RFC3339), Nodes: c.nodes,
 		Concurrency: c.concurrency, Producer: c.producer, Window: c.window.Seconds()}
 	binDir := c.binDir
-	for _, g := range c.gateways {
-		m, dir, err := leasehold(ctx, c, srv, g, binDir, started)
+	for i, g := range c.gateways {
+		backlog := 0
+		if i == 0 {
+			backlog = c.backlog
+		}
+		m, bl, dir, err := leasehold(ctx, c, srv, g, backlog, binDir, started)
 		if err != nil {
 			return nil, err
 		}
@@ -135,23 +180,29 @@ func run(ctx context.Context, c config, sup *harness.Supervisor, started func(*f
 			binDir = dir // build once
 		}
 		r.Results = append(r.Results, m)
+		if bl != nil {
+			r.Backlog = bl
+		}
 	}
 	if binDir != c.binDir {
 		defer os.RemoveAll(binDir)
 	}
 	if c.river {
-		m, err := riverRun(ctx, c, srv, sup)
-		if err != nil {
-			return nil, err
+		for _, w := range c.riverWorkers {
+			m, err := riverRun(ctx, c, srv, sup, w)
+			if err != nil {
+				return nil, err
+			}
+			r.Results = append(r.Results, m)
+			r.RiverBest = max(r.RiverBest, m.CompletedPS)
 		}
-		r.Results = append(r.Results, m)
 		for _, lm := range r.Results {
-			if lm.System == "leasehold" && m.CompletedPS > 0 {
+			if lm.System == "leasehold" && r.RiverBest > 0 {
 				if lm.Gateways == 3 {
-					r.Ratio = lm.CompletedPS / m.CompletedPS
+					r.Ratio = lm.CompletedPS / r.RiverBest
 				}
 				if lm.Gateways == 1 {
-					r.Ratio1 = lm.CompletedPS / m.CompletedPS
+					r.Ratio1 = lm.CompletedPS / r.RiverBest
 				}
 			}
 		}
@@ -159,7 +210,59 @@ func run(ctx context.Context, c config, sup *harness.Supervisor, started func(*f
 	return r, nil
 }
 
-func leasehold(ctx context.Context, c config, srv *harness.Server, gateways int, binDir string, started func(*fleet.Fleet)) (measurement, string, error) {
+// cost is a cumulative sample of what PostgreSQL spent.
+type cost struct {
+	cpu          float64
+	stmts, xacts int64
+}
+
+func sampleCost(ctx context.Context, srv *harness.Server, db *harness.Database) cost {
+	var c cost
+	c.cpu, _ = srv.CPU()
+	c.stmts, _ = db.Statements(ctx)
+	c.xacts, _ = db.Xacts(ctx)
+	return c
+}
+
+// perCommand fills m's costs per command completed in the window.
+func (m *measurement) perCommand(c0, c1 cost) {
+	if m.Completed <= 0 {
+		return
+	}
+	n := float64(m.Completed)
+	m.PGCPUms = (c1.cpu - c0.cpu) * 1000 / n
+	m.Statements = float64(c1.stmts-c0.stmts) / n
+	m.Commits = float64(c1.xacts-c0.xacts) / n
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Join(strings.Fields(string(b))[:3], " ")
+}
+
+// gatewayHistograms sums histogram name over the fleet's gateways.
+func gatewayHistograms(ctx context.Context, f *fleet.Fleet, name string) histogram {
+	sum := histogram{}
+	for _, g := range f.Gateways {
+		h, err := scrapeHistogram(ctx, "http://"+g.HTTP+"/metrics", name)
+		if err != nil {
+			logf("  %v", err)
+			continue
+		}
+		sum = sum.add(h)
+	}
+	return sum
+}
+
+const (
+	dispatchCallMetric = "leasehold_gateway_dispatch_call_seconds"
+	renewMetric        = "leasehold_gateway_lease_renew_seconds"
+)
+
+func leasehold(ctx context.Context, c config, srv *harness.Server, gateways, backlog int, binDir string, started func(*fleet.Fleet)) (measurement, *backlogResult, string, error) {
 	m := measurement{System: "leasehold", Gateways: gateways}
 	f, err := fleet.Start(ctx, fleet.Options{Gateways: gateways, Timings: fleet.Real, NoAPI: c.producer != "api",
 		MaxConns: c.nodes + 100, BinDir: binDir, Server: srv, Durable: c.durable, Log: logf})
@@ -178,47 +281,107 @@ func leasehold(ctx context.Context, c config, srv *harness.Server, gateways int,
 	}
 	defer f.Close(false)
 	if err != nil {
-		return m, dir, err
+		return m, nil, dir, err
 	}
 	ids, creds, err := harness.RegisterNodes(ctx, f.DB.Pool, "node", c.nodes)
 	if err != nil {
-		return m, dir, err
+		return m, nil, dir, err
 	}
 	sim := &fleet.Sim{}
 	for i := range ids {
 		if _, err := sim.Add(f.Address(), ids[i], creds[i], nodev1.NodeKind_NODE_KIND_NODE); err != nil {
-			return m, dir, err
+			return m, nil, dir, err
 		}
 	}
 	simCtx, stop := context.WithCancel(ctx)
 	defer func() { stop(); sim.Wait() }()
 	go sim.Start(simCtx, 200*gateways)
 	if err := poll(ctx, 2*time.Minute, func() bool { return sim.Connected() == c.nodes }); err != nil {
-		return m, dir, fmt.Errorf("nodes did not connect: %w", err)
+		return m, nil, dir, fmt.Errorf("nodes did not connect: %w", err)
 	}
 	prod := f.NewProducer(c.producer == "api")
+	defer prod.Close()
 	count := func() int64 {
 		var n int64
 		_ = f.DB.Pool.QueryRow(ctx, `SELECT count(*) /*bench*/ FROM commands WHERE state = 'succeeded'`).Scan(&n)
 		return n
 	}
 	logf("leasehold, %d gateway(s): %d creators for %s + %s", gateways, c.concurrency, c.warmup, c.window)
+	var (
+		c0, c1   cost
+		dc0, dc1 histogram
+		rn0, rn1 histogram
+	)
 	created, cps, done, err := measure(ctx, c, func(ctx context.Context) error {
 		return prod.Create(ctx, ids[rand.IntN(len(ids))])
-	}, count)
+	}, count, func(start bool) {
+		cs := sampleCost(ctx, srv, f.DB)
+		dc := gatewayHistograms(ctx, f, dispatchCallMetric)
+		rn := gatewayHistograms(ctx, f, renewMetric)
+		if start {
+			c0, dc0, rn0 = cs, dc, rn
+		} else {
+			c1, dc1, rn1 = cs, dc, rn
+		}
+	})
 	if err != nil {
-		return m, dir, err
+		return m, nil, dir, err
 	}
+	m.Load = loadAvg()
 	m.Created, m.CreatedPS, m.Completed, m.CompletedPS = created, cps, done, float64(done)/c.window.Seconds()
+	m.perCommand(c0, c1)
+	dc, rn := dc1.sub(dc0), rn1.sub(rn0)
+	m.DispatchCallP50, m.DispatchCallP99 = dc.quantile(0.5), dc.quantile(0.99)
+	m.RenewP50, m.RenewP99 = rn.quantile(0.5), rn.quantile(0.99)
 	_ = poll(ctx, c.drain, func() bool { return count() == created })
 	_ = f.DB.Pool.QueryRow(ctx, `SELECT count(*) /*bench*/ FROM commands WHERE state <> 'succeeded'`).Scan(&m.Unfinished)
 	m.Latency, err = latencies(ctx, f.DB, `SELECT extract(epoch FROM finished_at - created_at) /*bench*/ FROM commands WHERE state = 'succeeded'`)
-	logf("  %.0f created/s, %.0f completed/s, latency %s", m.CreatedPS, m.CompletedPS, m.Latency)
-	return m, dir, err
+	logf("  %.0f created/s, %.0f completed/s, latency %s; per command: PostgreSQL CPU %.2f ms, %.2f statements, %.2f commits; dispatch call p50 %.1f ms p99 %.1f ms (load %s)",
+		m.CreatedPS, m.CompletedPS, m.Latency, m.PGCPUms, m.Statements, m.Commits, m.DispatchCallP50*1000, m.DispatchCallP99*1000, m.Load)
+	if err != nil || backlog <= 0 {
+		return m, nil, dir, err
+	}
+	bl, err := backlogRun(ctx, c, f, backlog, count)
+	if bl != nil {
+		bl.SteadyDispatchCallP50, bl.SteadyDispatchCallP99 = m.DispatchCallP50, m.DispatchCallP99
+	}
+	return m, bl, dir, err
 }
 
-func riverRun(ctx context.Context, c config, srv *harness.Server, sup *harness.Supervisor) (measurement, error) {
-	m := measurement{System: "River"}
+// backlogRun inserts n pending commands at once (spread over the nodes),
+// wakes the gateways and waits for the drain, reading the gateways'
+// dispatch-call and lease-renewal histograms over it.
+func backlogRun(ctx context.Context, c config, f *fleet.Fleet, n int, count func() int64) (*backlogResult, error) {
+	bl := &backlogResult{Pending: n}
+	before := count()
+	dc0, rn0 := gatewayHistograms(ctx, f, dispatchCallMetric), gatewayHistograms(ctx, f, renewMetric)
+	logf("backlog: inserting %d pending commands at once", n)
+	start := time.Now()
+	if _, err := f.DB.Pool.Exec(ctx, `
+INSERT INTO commands (node_id, kind, payload)
+SELECT 'node-' || (i % $1), 'bench.echo', 'x' FROM generate_series(1, $2) AS i`, c.nodes, n); err != nil {
+		return nil, fmt.Errorf("backlog insert: %w", err)
+	}
+	if _, err := f.DB.Pool.Exec(ctx, `SELECT pg_notify('leasehold_commands', '')`); err != nil {
+		return nil, err
+	}
+	_ = poll(ctx, c.backlogDrain, func() bool { return count() >= before+int64(n) })
+	bl.DrainSeconds = time.Since(start).Seconds()
+	bl.Load = loadAvg()
+	bl.Unfinished = before + int64(n) - count()
+	bl.DrainedPS = float64(int64(n)-bl.Unfinished) / bl.DrainSeconds
+	dc := gatewayHistograms(ctx, f, dispatchCallMetric).sub(dc0)
+	rn := gatewayHistograms(ctx, f, renewMetric).sub(rn0)
+	bl.DispatchCalls, bl.DispatchCallP50, bl.DispatchCallP99 = dc.count(), dc.quantile(0.5), dc.quantile(0.99)
+	bl.Renewals, bl.RenewP50, bl.RenewP99 = rn.count(), rn.quantile(0.5), rn.quantile(0.99)
+	logf("  drained %d in %.1f s (%.0f/s, %d unfinished); dispatch call p50 %.1f ms p99 %.1f ms over %.0f calls; lease renewal p50 %.1f ms p99 %.1f ms over %.0f (load %s)",
+		n, bl.DrainSeconds, bl.DrainedPS, bl.Unfinished, bl.DispatchCallP50*1000, bl.DispatchCallP99*1000, bl.DispatchCalls,
+		bl.RenewP50*1000, bl.RenewP99*1000, bl.Renewals, bl.Load)
+	return bl, nil
+}
+
+func riverRun(ctx context.Context, c config, srv *harness.Server, sup *harness.Supervisor, workers int) (measurement, error) {
+	m := measurement{System: "River", RiverWorkers: workers}
 	db, err := srv.CreateDatabase(ctx, "river")
 	if err != nil {
 		return m, err
@@ -246,7 +409,7 @@ func riverRun(ctx context.Context, c config, srv *harness.Server, sup *harness.S
 		if l == "STARTED" {
 			once.Do(func() { close(started) })
 		}
-	}, "-database-url", db.URL, "-id", "river-worker", "-mode", "work", "-workers", fmt.Sprint(c.riverWorkers))
+	}, "-database-url", db.URL, "-id", "river-worker", "-mode", "work", "-workers", fmt.Sprint(workers))
 	if err != nil {
 		return m, err
 	}
@@ -266,20 +429,30 @@ func riverRun(ctx context.Context, c config, srv *harness.Server, sup *harness.S
 		_ = db.Pool.QueryRow(ctx, `SELECT count(*) /*bench*/ FROM river_job WHERE state = 'completed'`).Scan(&n)
 		return n
 	}
-	logf("River: %d inserters for %s + %s, worker process with MaxWorkers %d", c.concurrency, c.warmup, c.window, c.riverWorkers)
+	logf("River: %d inserters for %s + %s, worker process with MaxWorkers %d", c.concurrency, c.warmup, c.window, workers)
 	var seq atomic.Int64
+	var c0, c1 cost
 	created, cps, done, err := measure(ctx, c, func(ctx context.Context) error {
 		_, err := client.Insert(ctx, noopArgs{N: int(seq.Add(1))}, nil)
 		return err
-	}, count)
+	}, count, func(start bool) {
+		if start {
+			c0 = sampleCost(ctx, srv, db)
+		} else {
+			c1 = sampleCost(ctx, srv, db)
+		}
+	})
 	if err != nil {
 		return m, err
 	}
+	m.Load = loadAvg()
 	m.Created, m.CreatedPS, m.Completed, m.CompletedPS = created, cps, done, float64(done)/c.window.Seconds()
+	m.perCommand(c0, c1)
 	_ = poll(ctx, c.drain, func() bool { return count() == created })
 	_ = db.Pool.QueryRow(ctx, `SELECT count(*) /*bench*/ FROM river_job WHERE state <> 'completed'`).Scan(&m.Unfinished)
 	m.Latency, err = latencies(ctx, db, `SELECT extract(epoch FROM finalized_at - created_at) /*bench*/ FROM river_job WHERE state = 'completed'`)
-	logf("  %.0f inserted/s, %.0f completed/s, latency %s", m.CreatedPS, m.CompletedPS, m.Latency)
+	logf("  %.0f inserted/s, %.0f completed/s, latency %s; per job: PostgreSQL CPU %.2f ms, %.2f statements, %.2f commits (load %s)",
+		m.CreatedPS, m.CompletedPS, m.Latency, m.PGCPUms, m.Statements, m.Commits, m.Load)
 	return m, err
 }
 
@@ -292,7 +465,7 @@ func (noopArgs) Kind() string { return "bench_noop" }
 
 // measure runs creators for warmup+window and returns what they created,
 // the creation rate, and completions counted over the window.
-func measure(ctx context.Context, c config, create func(context.Context) error, completed func() int64) (int64, float64, int64, error) {
+func measure(ctx context.Context, c config, create func(context.Context) error, completed func() int64, sample func(start bool)) (int64, float64, int64, error) {
 	cctx, stop := context.WithCancel(ctx)
 	var n, errs atomic.Int64
 	var firstErr atomic.Value
@@ -318,8 +491,10 @@ func measure(ctx context.Context, c config, create func(context.Context) error, 
 	}
 	_ = harness.Sleep(ctx, c.warmup)
 	c0 := completed()
+	sample(true)
 	_ = harness.Sleep(ctx, c.window)
 	c1 := completed()
+	sample(false)
 	stop()
 	wg.Wait()
 	el := time.Since(start).Seconds()
@@ -352,17 +527,30 @@ func poll(ctx context.Context, timeout time.Duration, cond func() bool) error {
 func (r *result) print(w io.Writer) {
 	fmt.Fprintf(w, "\nthroughput: %d nodes, %d concurrent creators (leasehold via %s), %.0f s window; %s; machine %s; %s\n\n",
 		r.Nodes, r.Concurrency, r.Producer, r.Window, r.Database, r.Machine, r.Date)
-	fmt.Fprintln(w, "| system | gateways | created/s | completed/s | latency p50 | latency p99 | unfinished after drain |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
-	rs := slices.Clone(r.Results)
-	for _, m := range rs {
-		g := "-"
-		if m.Gateways > 0 {
-			g = fmt.Sprint(m.Gateways)
+	fmt.Fprintln(w, "| system | gateways / MaxWorkers | created/s | completed/s | latency p50 | latency p99 | PG CPU ms/cmd | statements/cmd | commits/cmd | unfinished | load |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
+	for _, m := range slices.Clone(r.Results) {
+		g := fmt.Sprint(m.Gateways)
+		if m.System == "River" {
+			g = fmt.Sprintf("MaxWorkers %d", m.RiverWorkers)
 		}
-		fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.3f s | %.3f s | %d |\n", m.System, g, m.CreatedPS, m.CompletedPS, m.Latency.P50, m.Latency.P99, m.Unfinished)
+		fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.3f s | %.3f s | %.2f | %.2f | %.2f | %d | %s |\n", m.System, g, m.CreatedPS, m.CompletedPS,
+			m.Latency.P50, m.Latency.P99, m.PGCPUms, m.Statements, m.Commits, m.Unfinished, m.Load)
 	}
-	if r.Ratio1 > 0 || r.Ratio > 0 {
-		fmt.Fprintf(w, "\nratio leasehold/River (completed/s): 1 gateway %.2f, 3 gateways %.2f\n", r.Ratio1, r.Ratio)
+	if r.RiverBest > 0 {
+		fmt.Fprintf(w, "\nratio leasehold/River at its best (%.0f completed/s):", r.RiverBest)
+		if r.Ratio1 > 0 {
+			fmt.Fprintf(w, " 1 gateway %.2f", r.Ratio1)
+		}
+		if r.Ratio > 0 {
+			fmt.Fprintf(w, " 3 gateways %.2f", r.Ratio)
+		}
+		fmt.Fprintln(w)
+	}
+	if b := r.Backlog; b != nil {
+		fmt.Fprintf(w, "\nbacklog: %d pending drained in %.1f s (%.0f/s, %d unfinished), load %s\n", b.Pending, b.DrainSeconds, b.DrainedPS, b.Unfinished, b.Load)
+		fmt.Fprintf(w, "dispatch call p50 / p99: %.1f / %.1f ms while draining (%.0f calls) vs %.1f / %.1f ms in the steady run\n",
+			b.DispatchCallP50*1000, b.DispatchCallP99*1000, b.DispatchCalls, b.SteadyDispatchCallP50*1000, b.SteadyDispatchCallP99*1000)
+		fmt.Fprintf(w, "gateway lease renewal p50 / p99 while draining: %.1f / %.1f ms (%.0f renewals; a quantile at the largest bucket bound means beyond it)\n", b.RenewP50*1000, b.RenewP99*1000, b.Renewals)
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/leasehold/leasehold/bench/internal/harness"
 	"github.com/leasehold/leasehold/pkg/clock"
+	"github.com/leasehold/leasehold/pkg/cmdwake"
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1/controlv1connect"
 )
@@ -265,6 +266,9 @@ type Producer struct {
 	viaAPI bool
 	client controlv1connect.ControlServiceClient
 	f      *Fleet
+	// wake tells the gateways about direct inserts after their commit,
+	// coalesced, as the api does (like River's inserting client).
+	wake *cmdwake.Notifier
 }
 
 // NewProducer returns a producer; viaAPI false inserts rows directly.
@@ -272,8 +276,17 @@ func (f *Fleet) NewProducer(viaAPI bool) *Producer {
 	p := &Producer{viaAPI: viaAPI && f.API != nil, f: f}
 	if p.viaAPI {
 		p.client = f.ControlClient()
+	} else {
+		p.wake = cmdwake.New(f.DB.Pool, cmdwake.DefaultInterval, nil)
 	}
 	return p
+}
+
+// Close sends the last pending wake-up.
+func (p *Producer) Close() {
+	if p.wake != nil {
+		p.wake.Close()
+	}
 }
 
 // ViaAPI reports whether commands go through ControlService.CreateCommand.
@@ -287,5 +300,8 @@ func (p *Producer) Create(ctx context.Context, node string) error {
 		return err
 	}
 	_, err := p.f.DB.Pool.Exec(ctx, `INSERT INTO commands (node_id, kind, payload) VALUES ($1, 'bench.echo', 'x')`, node)
+	if err == nil {
+		p.wake.Created(node)
+	}
 	return err
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -212,4 +213,50 @@ func Host() string {
 		load = strings.Join(strings.Fields(string(b))[:3], " ")
 	}
 	return fmt.Sprintf("%s cores, %s, load %s", cpus, mem, load)
+}
+
+// CPU returns the CPU seconds (user + system) the local cluster's processes
+// have used so far: the postmaster, its live children and the children it
+// has reaped. ok is false for a server from the environment.
+func (s *Server) CPU() (secs float64, ok bool) {
+	if s.cluster == nil {
+		return 0, false
+	}
+	b, err := os.ReadFile(filepath.Join(s.cluster.DataDir(), "postmaster.pid"))
+	if err != nil {
+		return 0, false
+	}
+	pid := strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0])
+	ticks := func(p string, withChildren bool) (int64, string) {
+		raw, err := os.ReadFile("/proc/" + p + "/stat")
+		if err != nil {
+			return 0, ""
+		}
+		// Fields after the command name, which is in parentheses.
+		f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
+		if len(f) < 15 {
+			return 0, ""
+		}
+		var ut, st, cut, cst int64
+		fmt.Sscan(f[11], &ut)
+		fmt.Sscan(f[12], &st)
+		n := ut + st
+		if withChildren {
+			fmt.Sscan(f[13], &cut)
+			fmt.Sscan(f[14], &cst)
+			n += cut + cst
+		}
+		return n, f[1] // f[1] is the parent pid
+	}
+	total, _ := ticks(pid, true)
+	procs, _ := os.ReadDir("/proc")
+	for _, e := range procs {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		if n, ppid := ticks(e.Name(), false); ppid == pid {
+			total += n
+		}
+	}
+	return float64(total) / 100, true // USER_HZ is 100 on Linux
 }

@@ -121,6 +121,7 @@ func (h *Handler) CreateCommand(ctx context.Context, req *connect.Request[contro
 		return nil, h.fail(ctx, "create command", err)
 	}
 	if resp.Created {
+		h.wake.Created(m.GetNodeId()) // after the commit: the gateways see the row
 		h.audit(ctx, "command created", "command", resp.Command.GetId(), "node", m.GetNodeId(), "kind", m.GetKind())
 	}
 	return connect.NewResponse(resp), nil

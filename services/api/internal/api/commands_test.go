@@ -1,7 +1,9 @@
 package api
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -151,6 +153,46 @@ UPDATE commands SET state = 'succeeded', finished_at = compute_now() WHERE id = 
 	require.Equal(t, controlv1.CommandState_COMMAND_STATE_PENDING, w.Msg.GetCommand().GetState())
 	_, err = b.viewer.WaitCommand(ctx, connect.NewRequest(&controlv1.WaitCommandRequest{CommandId: "ghost"}))
 	requireCode(t, err, connect.CodeNotFound)
+}
+
+// TestWaiterIsWokenWhenTheCommandFinishes: with a poll interval of an
+// hour, only the notification a gateway's group commit sends
+// (leasehold_command_done) can wake the waiter.
+func TestWaiterIsWokenWhenTheCommandFinishes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if b.db.DirectURL == "" {
+		t.Skip("no direct connection to LISTEN on")
+	}
+	ctx := ctxT(t)
+	b.registerNode("node-1", nil)
+	r, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec"}))
+	require.NoError(t, err)
+	id := r.Msg.GetCommand().GetId()
+
+	w := newWaiter(b.db.Pool, b.db.DirectURL, time.Hour, slog.New(slog.DiscardHandler))
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); w.run(wctx) }()
+	defer func() { stop(); <-done }()
+	require.Eventually(t, w.listening.Load, 10*time.Second, 5*time.Millisecond)
+	finished, unregister := w.register(id)
+	defer unregister()
+
+	_, err = b.db.Pool.Exec(ctx, `
+WITH r AS (INSERT INTO command_results (node_id, id, command_id, exit_code, output, gateway_id, session_epoch)
+           VALUES ('node-1', 'res-1', $1, 0, 'hello', 'gw-1', 1)),
+     f AS (UPDATE commands SET state = 'succeeded', finished_at = compute_now() WHERE id = $1)
+SELECT pg_notify('leasehold_command_done', '')`, id)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		select {
+		case <-finished:
+			return true
+		default:
+			return false
+		}
+	}, 30*time.Second, 5*time.Millisecond, "woken by the notification")
 }
 
 func TestListCommandsNewestFirstAcrossPages(t *testing.T) {

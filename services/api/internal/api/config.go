@@ -39,7 +39,8 @@ type Config struct {
 	MaxMessageBytes int
 	// DefaultCommandTimeout is a command's life when the request sets none.
 	DefaultCommandTimeout time.Duration
-	// WaitPollInterval is how often WaitCommand checks its commands.
+	// WaitPollInterval is how often WaitCommand checks its commands when no
+	// notification comes: the fallback of the LISTEN on finished commands.
 	WaitPollInterval time.Duration
 	// ShutdownGrace bounds how long in-flight calls may finish on stop.
 	ShutdownGrace time.Duration
@@ -58,7 +59,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TLSKey, "api.tls-key", "", "TLS key of --listen-addr (PEM)")
 	fs.IntVar(&c.MaxMessageBytes, "api.max-message-bytes", 4<<20, "largest request message accepted")
 	fs.DurationVar(&c.DefaultCommandTimeout, "api.default-command-timeout", time.Hour, "life of a command created without deadline or timeout")
-	fs.DurationVar(&c.WaitPollInterval, "api.wait-poll-interval", 100*time.Millisecond, "how often WaitCommand checks for finished commands")
+	fs.DurationVar(&c.WaitPollInterval, "api.wait-poll-interval", time.Second, "how often WaitCommand checks for finished commands when no notification comes (gateways NOTIFY when they finish commands)")
 	fs.DurationVar(&c.ShutdownGrace, "api.shutdown-grace", 10*time.Second, "how long in-flight calls may finish on SIGTERM")
 	c.SinkEgress.LoopbackFlag, c.SinkEgress.PrivateFlag = "--api.sink-allow-loopback", "--api.sink-allow-private"
 	fs.BoolVar(&c.SinkEgress.AllowLoopback, "api.sink-allow-loopback", false, "accept sink URLs on loopback (tests and single-machine development only)")

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/leasehold/leasehold/pkg/cmdwake"
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1/controlv1connect"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
@@ -29,6 +30,7 @@ type Handler struct {
 	db             *pgxpool.Pool
 	log            *slog.Logger
 	waiter         *waiter
+	wake           *cmdwake.Notifier
 	defaultTimeout time.Duration
 	// sinkEgress judges sink URLs at creation (the worker judges the
 	// resolved address again at delivery).

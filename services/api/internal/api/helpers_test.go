@@ -74,7 +74,7 @@ func setupWith(t *testing.T, deps func(*Deps), opts ...func(*Config, *http.Trans
 	require.NoError(t, cfg.Validate())
 	logs := &proctest.Buffer{}
 	reg := prometheus.NewRegistry()
-	d := Deps{DB: db.Pool, Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Registry: reg}
+	d := Deps{DB: db.Pool, NotifyURL: db.DirectURL, Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Registry: reg}
 	if deps != nil {
 		deps(&d)
 	}

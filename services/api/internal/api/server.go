@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/leasehold/leasehold/pkg/cmdwake"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1/controlv1connect"
 	"github.com/leasehold/leasehold/pkg/health"
 )
@@ -38,6 +39,9 @@ type Deps struct {
 	// Tracer traces every call (nil: the global provider, a no-op unless
 	// the process turned tracing on).
 	Tracer trace.TracerProvider
+	// NotifyURL is a direct database URL to LISTEN on for finished
+	// commands (WaitCommand); "" polls only.
+	NotifyURL string
 }
 
 // Service is the api's dskit service: it listens in starting, serves in
@@ -69,13 +73,14 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		reload:  reloaders,
 		cfg:     cfg,
 		log:     log,
-		waiter:  newWaiter(deps.DB, cfg.WaitPollInterval, log),
+		waiter:  newWaiter(deps.DB, deps.NotifyURL, cfg.WaitPollInterval, log),
 		checker: grpchealth.NewStaticChecker(),
 		role:    health.NewRoleGauge(deps.Registry, "api"),
 	}
 	s.checker.SetStatus("", grpchealth.StatusNotServing)
 	s.checker.SetStatus(controlv1connect.ControlServiceName, grpchealth.StatusNotServing)
-	s.handler = &Handler{db: deps.DB, log: log, waiter: s.waiter, defaultTimeout: cfg.DefaultCommandTimeout, sinkEgress: cfg.SinkEgress}
+	s.handler = &Handler{db: deps.DB, log: log, waiter: s.waiter, wake: cmdwake.New(deps.DB, cmdwake.DefaultInterval, log),
+		defaultTimeout: cfg.DefaultCommandTimeout, sinkEgress: cfg.SinkEgress}
 	m := newMetrics(deps.Registry, s.waiter)
 
 	otelInterceptor, err := newTraceInterceptor(deps.Tracer)

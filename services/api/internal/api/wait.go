@@ -2,22 +2,32 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/leasehold/leasehold/pkg/pgdb"
 )
 
-// waiter serves every WaitCommand of the process with one poll: each tick
-// it asks the database which of the awaited commands have finished and
-// wakes their waiters. Results are written by gateways, which send no
-// notification for them, so a poll (every 100 ms by default) is the
-// mechanism, and one query per tick whatever the number of waiters.
+// waiter serves every WaitCommand of the process with one query per
+// check, whatever the number of waiters: it asks the database which of the
+// awaited commands have finished and wakes their waiters. A check runs
+// when a gateway's group commit finishes commands (it NOTIFYs
+// leasehold_command_done once per batch, which this process LISTENs for on
+// a direct connection) and at every poll interval, the fallback when
+// notifications are off or lost.
 type waiter struct {
-	db       pgdb.Querier
-	interval time.Duration
-	log      *slog.Logger
+	db        pgdb.Querier
+	notifyURL string
+	interval  time.Duration
+	log       *slog.Logger
+	kick      chan struct{}
+	// listening is true while the LISTEN connection is up.
+	listening atomic.Bool
 
 	mu      sync.Mutex
 	waiting map[string]map[chan struct{}]struct{}
@@ -25,8 +35,13 @@ type waiter struct {
 	once    sync.Once
 }
 
-func newWaiter(db pgdb.Querier, interval time.Duration, log *slog.Logger) *waiter {
-	return &waiter{db: db, interval: interval, log: log, waiting: map[string]map[chan struct{}]struct{}{}, stop: make(chan struct{})}
+// commandDoneChannel is NOTIFYed by the gateways' group commit when it
+// finished commands (services/gateway's ingestSQL).
+const commandDoneChannel = "leasehold_command_done"
+
+func newWaiter(db pgdb.Querier, notifyURL string, interval time.Duration, log *slog.Logger) *waiter {
+	return &waiter{db: db, notifyURL: notifyURL, interval: interval, log: log, kick: make(chan struct{}, 1),
+		waiting: map[string]map[chan struct{}]struct{}{}, stop: make(chan struct{})}
 }
 
 // register returns a channel closed when command id finishes, and a
@@ -56,9 +71,14 @@ func (w *waiter) register(id string) (<-chan struct{}, func()) {
 // stopping is closed when the server stops: waiters answer at once.
 func (w *waiter) stopping() <-chan struct{} { return w.stop }
 
-// run polls until ctx ends.
+// run checks at every notification and poll until ctx ends.
 func (w *waiter) run(ctx context.Context) {
 	defer w.once.Do(func() { close(w.stop) })
+	if w.notifyURL != "" {
+		listenDone := make(chan struct{})
+		defer func() { <-listenDone }()
+		go func() { defer close(listenDone); w.listenLoop(ctx) }()
+	}
 	t := time.NewTicker(w.interval)
 	defer t.Stop()
 	for {
@@ -66,8 +86,58 @@ func (w *waiter) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-w.kick:
 		}
 		w.poll(ctx)
+	}
+}
+
+// listenLoop LISTENs for finished commands and kicks a check for each
+// notification (coalesced: one pending kick at most); it reconnects after
+// a lost connection, the poll covering the gap.
+func (w *waiter) listenLoop(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := w.listen(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		w.log.WarnContext(ctx, "finished-command notifications lost; WaitCommand polls until reconnected", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (w *waiter) listen(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, w.notifyURL)
+	if err != nil {
+		return fmt.Errorf("connect for LISTEN: %w", err)
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(closeCtx)
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+commandDoneChannel); err != nil {
+		return fmt.Errorf("LISTEN %s: %w", commandDoneChannel, err)
+	}
+	w.listening.Store(true)
+	defer w.listening.Store(false)
+	w.signal() // catch up on what finished while not listening
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		w.signal()
+	}
+}
+
+func (w *waiter) signal() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
 	}
 }
 

@@ -102,7 +102,9 @@ type Gateway struct {
 	sessions map[string]*session
 
 	dispatchWaker *nodeWaker
-	specWaker     *nodeWaker
+	// ingest is the group commit of results, acks and events (ingest.go).
+	ingest    *ingester
+	specWaker *nodeWaker
 
 	// fenceMu orders fence and unfence; fencedCh is closed at each fence
 	// (drain watches it) and replaced when serving resumes; generation
@@ -151,7 +153,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		checker:       grpchealth.NewStaticChecker(nodev1connect.NodeGatewayServiceName),
 		sessions:      map[string]*session{},
 		fencedCh:      make(chan struct{}),
-		dispatchWaker: newNodeWaker(), specWaker: newNodeWaker(),
+		dispatchWaker: newNodeWaker(), specWaker: newNodeWaker(), ingest: newIngester(),
 		tracer: tracing.TracerProvider(deps.Tracer).Tracer(tracerName),
 	}
 	g.keeper, err = coord.NewKeeper(client, coord.KeeperConfig{
@@ -370,7 +372,7 @@ func (g *Gateway) running(ctx context.Context) error {
 
 	loopCtx, cancelLoops := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	for _, loop := range []func(context.Context){g.livenessLoop, g.dispatchLoop, g.notifyLoop, g.specLoop, g.reloadLoop} {
+	for _, loop := range []func(context.Context){g.livenessLoop, g.dispatchLoop, g.notifyLoop, g.specLoop, g.ingestLoop, g.reloadLoop} {
 		wg.Add(1)
 		go func() { defer wg.Done(); loop(loopCtx) }()
 	}

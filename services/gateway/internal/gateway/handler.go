@@ -516,89 +516,48 @@ func dbError(op string, err error) *connect.Error {
 	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s could not be recorded; reconnect and resend", op))
 }
 
-func (g *Gateway) handleAck(ctx context.Context, s *session, a *nodev1.CommandAck) *connect.Error {
+// handleAck queues the ack for the group commit and does not wait for it
+// (ingest.go): a refused ack closes the session later.
+func (g *Gateway) handleAck(_ context.Context, s *session, a *nodev1.CommandAck) *connect.Error {
 	id := a.GetCommandId()
 	if id == "" || len(id) > maxIDLen {
 		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("command_ack.command_id must be 1..%d bytes", maxIDLen))
 	}
-	tag, err := g.db.Exec(ctx, ackSQL, id, s.nodeID)
-	if err != nil {
-		return dbError("command ack", err)
-	}
-	if tag.RowsAffected() > 0 {
-		return nil
-	}
-	var owner, state string
-	err = g.db.QueryRow(ctx, commandOwnerSQL, id).Scan(&owner, &state)
-	if err == nil && owner != s.nodeID {
-		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("command %s belongs to another node", id))
-	}
-	return nil // unknown, or already acknowledged or finished: nothing to do
+	g.ingest.submit(&ingestItem{kind: ingestAck, s: s, id: id})
+	return nil
 }
 
+// handleResult stores the result through the group commit and waits until
+// it is committed.
 func (g *Gateway) handleResult(ctx context.Context, s *session, r *nodev1.CommandResult) *connect.Error {
 	if r.GetCommandId() == "" || len(r.GetCommandId()) > maxIDLen || r.GetResultId() == "" || len(r.GetResultId()) > maxIDLen {
 		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("command_result.command_id and result_id must be 1..%d bytes", maxIDLen))
 	}
-	var started, finished *time.Time
+	it := &ingestItem{kind: ingestResult, s: s, id: r.GetResultId(), command: r.GetCommandId(),
+		exitCode: r.GetExitCode(), output: r.GetOutput(), errText: r.GetError(), done: make(chan ingestOutcome, 1)}
 	if r.GetStartedAt() != nil {
 		t := r.GetStartedAt().AsTime()
-		started = &t
+		it.started = &t
 	}
 	if r.GetFinishedAt() != nil {
 		t := r.GetFinishedAt().AsTime()
-		finished = &t
+		it.finished = &t
 	}
-	output := r.GetOutput()
-	if output == nil {
-		output = []byte{}
+	if it.output == nil {
+		it.output = []byte{}
 	}
-	var (
-		outcome     = "stored"
-		denied      bool
-		start       = time.Now()
-		traceparent *string
-	)
-	err := pgdb.InTx(ctx, g.db, func(tx pgx.Tx) error {
-		var owner, state string
-		err := tx.QueryRow(ctx, commandOwnerForUpdateSQL, r.GetCommandId()).Scan(&owner, &state, &traceparent)
-		if errors.Is(err, pgx.ErrNoRows) {
-			outcome = "unknown"
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if owner != s.nodeID {
-			denied = true
-			return nil
-		}
-		tag, err := tx.Exec(ctx, insertResultSQL, s.nodeID, r.GetResultId(), r.GetCommandId(), r.GetExitCode(),
-			output, r.GetError(), started, finished, g.id, s.epoch)
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() == 0 {
-			outcome = "duplicate"
-			return nil
-		}
-		final := "succeeded"
-		if r.GetExitCode() != 0 || r.GetError() != "" {
-			final = "failed"
-		}
-		_, err = tx.Exec(ctx, finishCommandSQL, r.GetCommandId(), final)
-		return err
-	})
-	g.traceResult(ctx, s, r, traceparent, start, outcome, err)
-	if err != nil {
-		return dbError("command result", err)
+	start := time.Now()
+	o, cerr := g.awaitOutcome(ctx, it, "command result")
+	g.traceResult(ctx, s, r, o.traceparent, start, o.outcome, o.err)
+	if cerr != nil {
+		return cerr
 	}
-	if denied {
-		g.m.results.WithLabelValues("denied").Inc()
-		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("command %s belongs to another node", r.GetCommandId()))
-	}
+	outcome := o.outcome
 	g.m.results.WithLabelValues(outcome).Inc()
-	if outcome == "unknown" {
+	switch outcome {
+	case "denied":
+		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("command %s belongs to another node", r.GetCommandId()))
+	case "unknown":
 		g.log.Warn("result for an unknown command dropped", "node", s.nodeID, "command", r.GetCommandId())
 	}
 	return nil
@@ -624,6 +583,17 @@ func (g *Gateway) handleEvent(ctx context.Context, s *session, e *nodev1.Event) 
 		t := e.GetOccurredAt().AsTime()
 		occurred = &t
 	}
+	if e.GetKind() != DiscoveryEventKind {
+		it := &ingestItem{kind: ingestEvent, s: s, id: e.GetEventId(), eventKind: e.GetKind(), payload: string(payload),
+			occurred: occurred, bootEpoch: int64(e.GetBootEpoch()), done: make(chan ingestOutcome, 1)}
+		outcome, cerr := g.await(ctx, it, "event")
+		if cerr != nil {
+			return cerr
+		}
+		g.m.events.WithLabelValues(outcome).Inc()
+		return nil
+	}
+	// A discovery is written alone: it is vouched for by the boot lease.
 	var (
 		tag     pgconn.CommandTag
 		refused bool

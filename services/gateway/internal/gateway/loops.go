@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/leasehold/leasehold/pkg/cmdwake"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 )
 
@@ -99,34 +100,56 @@ func (g *Gateway) dispatchLoop(ctx context.Context) {
 }
 
 func (g *Gateway) dispatchFor(ctx context.Context, all bool, nodes map[string]struct{}) error {
-	var (
-		ids    []string
-		epochs []int64
-	)
+	var targets []*session
 	g.mu.Lock()
 	if all {
-		for id, s := range g.sessions {
-			ids = append(ids, id)
-			epochs = append(epochs, s.epoch)
+		for _, s := range g.sessions {
+			targets = append(targets, s)
 		}
 	} else {
 		for id := range nodes {
 			if s, ok := g.sessions[id]; ok {
-				ids = append(ids, id)
-				epochs = append(epochs, s.epoch)
+				targets = append(targets, s)
 			}
 		}
 	}
 	g.mu.Unlock()
-	if len(ids) == 0 {
-		return nil
-	}
-	for {
-		n, err := g.dispatchOnce(ctx, ids, epochs)
-		if err != nil || n < g.cfg.DispatchBatch {
+	for len(targets) > 0 {
+		// Each round asks every target for its share of the batch (at
+		// least one, at most what its queue has room for); the nodes that
+		// filled their share may have more and go round again.
+		share := max(1, (g.cfg.DispatchBatch+len(targets)-1)/len(targets))
+		ids := make([]string, 0, len(targets))
+		epochs := make([]int64, 0, len(targets))
+		lims := make([]int32, 0, len(targets))
+		asked := make([]*session, 0, len(targets))
+		for _, s := range targets {
+			lim := min(share, s.room())
+			if lim <= 0 {
+				continue // its queue is half full: the next poll or result comes back for it
+			}
+			ids, epochs, lims = append(ids, s.nodeID), append(epochs, s.epoch), append(lims, int32(lim))
+			asked = append(asked, s)
+		}
+		if len(ids) == 0 {
+			return nil
+		}
+		got, n, err := g.dispatchOnce(ctx, ids, epochs, lims)
+		if err != nil {
 			return err
 		}
+		if n >= g.cfg.DispatchBatch {
+			targets = asked // the batch was full: everyone may have more
+			continue
+		}
+		targets = targets[:0]
+		for i, s := range asked {
+			if got[s.nodeID] >= int(lims[i]) {
+				targets = append(targets, s)
+			}
+		}
 	}
+	return nil
 }
 
 type dispatched struct {
@@ -137,14 +160,15 @@ type dispatched struct {
 	traceparent *string // of the CreateCommand call, when it was traced
 }
 
-// dispatchOnce takes up to DispatchBatch pending commands in a transaction
-// fenced on the gateway lease, then sends each to its session.
-func (g *Gateway) dispatchOnce(ctx context.Context, ids []string, epochs []int64) (int, error) {
-	start := time.Now()
+// dispatchOnce takes up to DispatchBatch pending commands, at most lims[i]
+// of node ids[i], in a transaction fenced on the gateway lease, then sends
+// each to its session. It returns how many each node got, and the total.
+func (g *Gateway) dispatchOnce(ctx context.Context, ids []string, epochs []int64, lims []int32) (map[string]int, int, error) {
 	var out []dispatched
+	start := time.Now()
 	err := g.runFenced(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		out = out[:0]
-		rows, err := tx.Query(ctx, dispatchSQL, g.id, ids, epochs, g.cfg.DispatchBatch)
+		rows, err := tx.Query(ctx, dispatchSQL, g.id, ids, epochs, lims, g.cfg.DispatchBatch)
 		if err != nil {
 			return err
 		}
@@ -167,9 +191,12 @@ func (g *Gateway) dispatchOnce(ctx context.Context, ids []string, epochs []int64
 		return rows.Err()
 	})
 	if err != nil {
-		return 0, err
+		return nil, 0, err
 	}
+	g.m.dispatchCall.Observe(time.Since(start).Seconds())
+	got := make(map[string]int, len(ids))
 	for _, d := range out {
+		got[d.nodeID]++
 		g.m.dispatched.Inc()
 		g.m.dispatchLatency.Observe(d.latency)
 		g.mu.Lock()
@@ -183,10 +210,10 @@ func (g *Gateway) dispatchOnce(ctx context.Context, ids []string, epochs []int64
 		}
 		g.traceDispatch(ctx, d, start, sent)
 	}
-	return len(out), nil
+	return got, len(out), nil
 }
 
-// notifyLoop LISTENs for command inserts on a dedicated connection and wakes
+// notifyLoop LISTENs for command wake-ups on a dedicated connection and wakes
 // dispatch for the notified nodes held here. Without a notify URL (behind a
 // transaction pooler) dispatch only polls.
 func (g *Gateway) notifyLoop(ctx context.Context) {
@@ -233,18 +260,33 @@ func (g *Gateway) listen(ctx context.Context) error {
 			}
 			return err
 		}
-		g.mu.Lock()
-		_, mine := g.sessions[n.Payload]
-		g.mu.Unlock()
-		if !mine {
+		if n.Channel == specChannel {
+			if g.holds(n.Payload) {
+				g.wakeSpec(n.Payload)
+			}
 			continue
 		}
-		if n.Channel == specChannel {
-			g.wakeSpec(n.Payload)
-		} else {
-			g.wakeDispatch(n.Payload)
+		// A coalesced command wake-up (pkg/cmdwake): a list of nodes, or
+		// "" for every session.
+		nodes := cmdwake.Nodes(n.Payload)
+		if nodes == nil {
+			g.wakeDispatch("")
+			continue
+		}
+		for _, id := range nodes {
+			if g.holds(id) {
+				g.wakeDispatch(id)
+			}
 		}
 	}
+}
+
+// holds reports whether nodeID has a session here.
+func (g *Gateway) holds(nodeID string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	_, ok := g.sessions[nodeID]
+	return ok
 }
 
 // wakeSpec asks the spec loop to compare nodeID's spec ("" compares every

@@ -14,6 +14,9 @@ type metrics struct {
 	dispatched      prometheus.Counter
 	replayed        prometheus.Counter
 	dispatchLatency prometheus.Histogram
+	dispatchCall    prometheus.Histogram
+	ingestBatch     prometheus.Histogram
+	ingestFlush     prometheus.Histogram
 	fenceFailures   prometheus.Counter
 	selfFences      prometheus.Counter
 	zombies         prometheus.Counter
@@ -48,6 +51,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "leasehold_gateway_dispatch_latency_seconds", Help: "Command insert to dispatch, on the database clock.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}),
+		dispatchCall: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "leasehold_gateway_dispatch_call_seconds", Help: "Duration of one fenced dispatch transaction (fence, pick, update, commit).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		ingestBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "leasehold_gateway_ingest_batch_size", Help: "Results, acks and events written per group-commit transaction.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 12),
+		}),
+		ingestFlush: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "leasehold_gateway_ingest_flush_seconds", Help: "Duration of one group-commit transaction of results, acks and events.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
 		fenceFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "leasehold_gateway_fence_failures_total", Help: "Fenced transactions refused because the gateway lease was no longer held.",
 		}),
@@ -71,7 +86,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "leasehold_gateway_spec_updates_total", Help: "NodeSpecUpdate messages pushed to nodes.",
 		}),
 	}
-	reg.MustRegister(m.streams, m.sessions, m.hellos, m.pushbacks, m.dispatched, m.replayed, m.dispatchLatency,
+	reg.MustRegister(m.streams, m.sessions, m.hellos, m.pushbacks, m.dispatched, m.replayed, m.dispatchLatency, m.dispatchCall, m.ingestBatch, m.ingestFlush,
 		m.fenceFailures, m.selfFences, m.zombies, m.renewLatency, m.results, m.events, m.specPushes)
 	m.role = health.NewRoleGauge(reg, "gateway")
 	return m

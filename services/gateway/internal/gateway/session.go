@@ -162,6 +162,15 @@ func (s *session) finish() *connect.Error {
 	return reason
 }
 
+// room is how many more commands dispatch may queue for the node: up to
+// half of maxQueued, so a node that reads slowly is held back by dispatch
+// instead of being closed as a slow node.
+func (s *session) room() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maxQueued/2 - len(s.queue)
+}
+
 func (s *session) isClosed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

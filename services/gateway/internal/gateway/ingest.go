@@ -1,0 +1,273 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+)
+
+// Group commit of what nodes report (issue 15). Results, acks and events of
+// every session go into one queue; one goroutine writes everything queued in
+// one statement (one transaction), so while a write is in flight the next
+// batch gathers: the batch window is the previous write's duration and the
+// batch is capped at maxIngestBatch. At low load a report is written at
+// once; under load the cost per report falls with the batch.
+//
+// The rules are those of the inline writes they replace: results and events
+// are facts, accepted from any epoch (not fenced on the gateway lease) and
+// deduplicated by (node_id, id); a node reports only for its own commands;
+// a result closes its command only if it is not terminal yet.
+//
+// A result or event is answered only once it is committed: the session's
+// read loop waits for its outcome, so a stream ends UNAVAILABLE (and the
+// node resends after redialling) if the write fails. An ack is not waited
+// for (see docs/decisions.md, "Throughput"): it only moves dispatched to
+// acknowledged, which replay treats alike, so losing one loses nothing; a
+// refused ack still closes the session PERMISSION_DENIED.
+
+// maxIngestBatch caps the reports written per transaction.
+const maxIngestBatch = 1000
+
+type ingestKind uint8
+
+const (
+	ingestAck ingestKind = iota
+	ingestResult
+	ingestEvent
+)
+
+// ingestItem is one report waiting for the group commit.
+type ingestItem struct {
+	kind    ingestKind
+	s       *session
+	id      string // result or event id; command id of an ack
+	command string // result: its command id
+	// result
+	exitCode          int32
+	output            []byte
+	errText           string
+	started, finished *time.Time
+	// event
+	eventKind string
+	payload   string
+	occurred  *time.Time
+	bootEpoch int64
+
+	done chan ingestOutcome // nil for acks
+}
+
+// ingestOutcome is what the group commit did with an item: stored,
+// duplicate, unknown or denied; err when the write failed.
+type ingestOutcome struct {
+	outcome string
+	err     error
+	// traceparent is the stored CreateCommand traceparent of a result's
+	// command, for the result span (tracing.go).
+	traceparent *string
+}
+
+// ingester is the queue in front of the group commit.
+type ingester struct {
+	mu      sync.Mutex
+	queue   []*ingestItem
+	wake    chan struct{}
+	stopped chan struct{}
+}
+
+func newIngester() *ingester {
+	return &ingester{wake: make(chan struct{}, 1), stopped: make(chan struct{})}
+}
+
+func (in *ingester) submit(it *ingestItem) {
+	in.mu.Lock()
+	in.queue = append(in.queue, it)
+	in.mu.Unlock()
+	select {
+	case in.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (in *ingester) take() []*ingestItem {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	n := min(len(in.queue), maxIngestBatch)
+	out := in.queue[:n:n]
+	in.queue = in.queue[n:]
+	if len(in.queue) == 0 {
+		in.queue = nil
+	}
+	return out
+}
+
+// await waits for it's outcome; the gateway stopping answers UNAVAILABLE.
+func (g *Gateway) await(ctx context.Context, it *ingestItem, op string) (string, *connect.Error) {
+	o, cerr := g.awaitOutcome(ctx, it, op)
+	return o.outcome, cerr
+}
+
+// awaitOutcome is await with the whole outcome (its traceparent).
+func (g *Gateway) awaitOutcome(ctx context.Context, it *ingestItem, op string) (ingestOutcome, *connect.Error) {
+	g.ingest.submit(it)
+	select {
+	case o := <-it.done:
+		if o.err != nil {
+			return o, dbError(op, o.err)
+		}
+		return o, nil
+	case <-ctx.Done():
+		return ingestOutcome{err: ctx.Err()}, connect.NewError(connect.CodeCanceled, ctx.Err())
+	case <-g.ingest.stopped:
+		err := fmt.Errorf("gateway %s is stopping; reconnect and resend", g.id)
+		return ingestOutcome{err: err}, connect.NewError(connect.CodeUnavailable, err)
+	}
+}
+
+// ingestLoop writes the queued reports until ctx ends, then fails what is
+// left.
+func (g *Gateway) ingestLoop(ctx context.Context) {
+	defer close(g.ingest.stopped)
+	for {
+		select {
+		case <-ctx.Done():
+			for _, it := range g.ingest.take() {
+				g.answer(it, ingestOutcome{err: ctx.Err()})
+			}
+			return
+		case <-g.ingest.wake:
+		}
+		for {
+			batch := g.ingest.take()
+			if len(batch) == 0 {
+				break
+			}
+			g.flush(ctx, batch)
+		}
+	}
+}
+
+func (g *Gateway) answer(it *ingestItem, o ingestOutcome) {
+	if it.done != nil {
+		it.done <- o
+		return
+	}
+	// An ack: nobody waits.
+	switch {
+	case o.err != nil:
+		if !errors.Is(o.err, context.Canceled) {
+			g.log.Warn("command ack not recorded; replay treats the command alike", "node", it.s.nodeID, "command", it.id, "err", o.err)
+		}
+	case o.outcome == "denied":
+		it.s.close(connect.NewError(connect.CodePermissionDenied, fmt.Errorf("command %s belongs to another node", it.id)))
+	}
+}
+
+// flush writes batch in one statement. If the statement fails for a
+// reason other than the connection, each item is written alone, so one bad
+// item cannot fail the others.
+func (g *Gateway) flush(ctx context.Context, batch []*ingestItem) {
+	start := time.Now()
+	out, tps, err := g.writeBatch(ctx, batch)
+	if err != nil && len(batch) > 1 && ctx.Err() == nil {
+		g.log.Warn("group commit failed; writing its reports one by one", "reports", len(batch), "err", err)
+		for _, it := range batch {
+			g.flush(ctx, []*ingestItem{it})
+		}
+		return
+	}
+	g.m.ingestBatch.Observe(float64(len(batch)))
+	g.m.ingestFlush.Observe(time.Since(start).Seconds())
+	for i, it := range batch {
+		if err != nil {
+			g.answer(it, ingestOutcome{err: err})
+			continue
+		}
+		g.answer(it, ingestOutcome{outcome: out[i], traceparent: tps[i]})
+	}
+}
+
+// writeBatch runs ingestSQL for batch and returns each item's outcome.
+func (g *Gateway) writeBatch(ctx context.Context, batch []*ingestItem) ([]string, []*string, error) {
+	out := make([]string, len(batch))
+	tps := make([]*string, len(batch))
+	var (
+		rI, aI, eI                  []int32
+		rNode, rID, rCmd, rErr      []string
+		rExit                       []int32
+		rOut                        [][]byte
+		rStart, rFin                []*time.Time
+		rEpoch                      []int64
+		aNode, aCmd                 []string
+		eNode, eID, eKind, ePayload []string
+		eOcc                        []*time.Time
+		eEpoch, eBoot               []int64
+	)
+	resulted := map[string]bool{}
+	for _, it := range batch {
+		if it.kind == ingestResult {
+			resulted[it.command] = true
+		}
+	}
+	type key struct{ node, id string }
+	seenR, seenE, seenA := map[key]bool{}, map[key]bool{}, map[key]bool{}
+	for i, it := range batch {
+		k := key{it.s.nodeID, it.id}
+		switch it.kind {
+		case ingestAck:
+			// One statement must not change a row twice: an ack whose
+			// command's result is in the batch is superseded by it.
+			if resulted[it.id] || seenA[k] {
+				out[i] = "superseded"
+				continue
+			}
+			seenA[k] = true
+			aI, aNode, aCmd = append(aI, int32(i)), append(aNode, it.s.nodeID), append(aCmd, it.id)
+		case ingestResult:
+			if seenR[k] {
+				out[i] = "duplicate"
+				continue
+			}
+			seenR[k] = true
+			rI, rNode, rID, rCmd = append(rI, int32(i)), append(rNode, it.s.nodeID), append(rID, it.id), append(rCmd, it.command)
+			rExit, rOut, rErr = append(rExit, it.exitCode), append(rOut, it.output), append(rErr, it.errText)
+			rStart, rFin, rEpoch = append(rStart, it.started), append(rFin, it.finished), append(rEpoch, it.s.epoch)
+		case ingestEvent:
+			if seenE[k] {
+				out[i] = "duplicate"
+				continue
+			}
+			seenE[k] = true
+			eI, eNode, eID, eKind = append(eI, int32(i)), append(eNode, it.s.nodeID), append(eID, it.id), append(eKind, it.eventKind)
+			ePayload, eOcc, eEpoch, eBoot = append(ePayload, it.payload), append(eOcc, it.occurred), append(eEpoch, it.s.epoch), append(eBoot, it.bootEpoch)
+		}
+	}
+	rows, err := g.db.Query(ctx, ingestSQL, g.id,
+		rI, rNode, rID, rCmd, rExit, rOut, rErr, rStart, rFin, rEpoch,
+		aI, aNode, aCmd,
+		eI, eNode, eID, eKind, ePayload, eOcc, eEpoch, eBoot)
+	if err != nil {
+		return nil, nil, fmt.Errorf("group commit of %d reports: %w", len(batch), err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			i       int32
+			outcome string
+			tp      *string
+		)
+		if err := rows.Scan(&i, &outcome, &tp); err != nil {
+			return nil, nil, fmt.Errorf("group commit: %w", err)
+		}
+		if i >= 0 && int(i) < len(out) {
+			out[i], tps[i] = outcome, tp
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("group commit of %d reports: %w", len(batch), err)
+	}
+	return out, tps, nil
+}
