@@ -67,6 +67,11 @@ func run(logger *slog.Logger, bin string, command []string) (int, error) {
 		return 0, fmt.Errorf("temporary directory: %w", err)
 	}
 	defer os.RemoveAll(dir)
+	// As root, PostgreSQL runs as an unprivileged user (pglocal), which must
+	// traverse this directory; MkdirTemp makes it 0700.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return 0, fmt.Errorf("temporary directory: %w", err)
+	}
 
 	cluster, err := pglocal.New(ctx, pglocal.Options{Dir: filepath.Join(dir, "pg")})
 	if err != nil {
