@@ -6,6 +6,8 @@
 # runbook_url names an anchor that docs/runbooks.md has.
 #
 # Usage: HELM="helm" deploy/helm/check.sh   (make passes the pinned helm)
+# NOTES.txt is checked through `helm install --dry-run=client`, which cannot
+# be told about extra APIs, so only its no-operator form is checked.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 HELM=${HELM:-helm}
@@ -112,8 +114,6 @@ for want in 'gateway: Deployment leasehold-gateway' 'leasehold-gateway.leasehold
 	'no ServiceMonitor' 'port-forward service/leasehold-api' 'ControlService/ListNodes'; do
 	grep -qF "$want" "$work/notes.txt" || fail "NOTES.txt lacks: $want"
 done
-$HELM install leasehold "$chart" --namespace leasehold --dry-run=client "${mon[@]}" >"$work/notes.txt"
-grep -qF 'ServiceMonitor leasehold' "$work/notes.txt" || fail "NOTES.txt does not list the ServiceMonitor"
 echo "ok"
 
 echo "== Grafana dashboard ConfigMap"
@@ -124,7 +124,8 @@ grep -q '^    grafana_dashboard: "1"$' "$work/cm.yaml" || fail "dashboard Config
 # The data block is the file indented by four spaces.
 awk '/^  leasehold.json: \|-$/ {on=1; next} on && /^    / {print substr($0, 5); next} on && /^$/ {print; next} on {exit}' \
 	"$work/cm.yaml" >"$work/dashboard.json"
-diff -q <(sed -e '$a\' deploy/grafana/leasehold.json) <(sed -e '$a\' "$work/dashboard.json") >/dev/null ||
+# (-B: the block's trailing blank lines are YAML's, not the file's)
+diff -q -B <(sed -e '$a\' deploy/grafana/leasehold.json) "$work/dashboard.json" >/dev/null ||
 	fail "the ConfigMap's leasehold.json is not deploy/grafana/leasehold.json"
 echo "ok"
 
