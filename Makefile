@@ -177,7 +177,8 @@ helm-lint:
 	echo "== PromQL"; \
 	GOWORK=off go -C tools/promql run . "$$out/rendered-values.yaml" "$$out/rendered-values-ha.yaml" $(CURDIR)/deploy/grafana/leasehold.json; \
 	echo "== chart behaviour (deploy/helm/check.sh)"; \
-	HELM="$(HELM)" deploy/helm/check.sh
+	helm_bin=$$(GOWORK=off go -C tools/k8s tool -n helm 2>/dev/null || true); \
+	if [ -x "$$helm_bin" ]; then HELM="$$helm_bin" deploy/helm/check.sh; else HELM="$(HELM)" deploy/helm/check.sh; fi
 
 # ---- benches (bench/): failover gates and throughput, real processes ----
 # Results (JSON) go to bench/results/ (git-ignored). HAProxy, the balancer in

@@ -17,7 +17,10 @@ trap 'rm -rf "$work"' EXIT
 failures=0
 
 fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
-render() { $HELM template leasehold "$chart" --namespace leasehold "$@"; }
+# $HELM may be a command with environment assignments (make's
+# "GOWORK=off go -C tools/k8s tool helm"): env runs both forms.
+helm() { env $HELM "$@"; }
+render() { helm template leasehold "$chart" --namespace leasehold "$@"; }
 # kinds FILE: the kinds rendered in FILE, one per line.
 kinds() { grep -E '^kind: ' "$1" | sed 's/^kind: //' | sort -u; }
 
@@ -109,7 +112,7 @@ grep -qE '^(ServiceMonitor|PrometheusRule)$' "$work/kinds" && fail "monitoring o
 echo "ok"
 
 echo "== NOTES.txt says what was installed and how to reach it"
-$HELM install leasehold "$chart" --namespace leasehold --dry-run=client >"$work/notes.txt"
+helm install leasehold "$chart" --namespace leasehold --dry-run=client >"$work/notes.txt"
 for want in 'gateway: Deployment leasehold-gateway' 'leasehold-gateway.leasehold.svc:443' \
 	'no ServiceMonitor' 'port-forward service/leasehold-api' 'ControlService/ListNodes'; do
 	grep -qF "$want" "$work/notes.txt" || fail "NOTES.txt lacks: $want"

@@ -1,5 +1,5 @@
 // Calls a running leasehold-api with the generated client. The api is started
-// by scripts/with-api.sh (make test-ts), which exports LEASEHOLD_API_URL and
+// by tools/devstack/withapi (make test-ts), which exports LEASEHOLD_API_URL and
 // an admin and a viewer token; without them the test fails rather than skip.
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
@@ -9,7 +9,7 @@ import { Code, ConnectError, createControlClient, NodeKind, NodeState } from "..
 
 function env(name: string): string {
   const v = process.env[name];
-  if (!v) throw new Error(`${name} is not set: run this test through scripts/with-api.sh (make test-ts)`);
+  if (!v) throw new Error(`${name} is not set: run this test through tools/devstack/withapi (make test-ts)`);
   return v;
 }
 
