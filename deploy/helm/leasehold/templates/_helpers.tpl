@@ -48,6 +48,18 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" $repo (default .ctx.Chart.AppVersion $img.tag) -}}
 {{- end -}}
 
+{{/* Monitoring ----------------------------------------------------------- */}}
+
+{{/* leasehold.monitoring: dict ctx, kind (ServiceMonitor or PrometheusRule).
+     "true" when the values switch is on AND the cluster serves that kind of
+     monitoring.coreos.com/v1 (prometheus-operator's CRD is installed), so an
+     install on a cluster without the operator never fails on a missing CRD.
+     With `helm template`, pass --api-versions monitoring.coreos.com/v1/<kind>. */}}
+{{- define "leasehold.monitoring" -}}
+{{- $switch := dict "ServiceMonitor" .ctx.Values.metrics.serviceMonitor.enabled "PrometheusRule" .ctx.Values.metrics.prometheusRule.enabled -}}
+{{- and (get $switch .kind) (.ctx.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" .kind)) -}}
+{{- end -}}
+
 {{/* Durations ------------------------------------------------------------ */}}
 
 {{/* leasehold.ms: a one-unit Go duration ("15s", "500ms", "10m", "2h") in

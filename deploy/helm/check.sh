@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Behaviour checks of the chart in deploy/helm/leasehold, run by `make helm-lint`
+# after helm lint and kubeconform: the values schema refuses bad values, the
+# template guards hold without the schema, the monitoring objects follow the
+# cluster's APIs, the Grafana ConfigMap carries the dashboard, and every alert's
+# runbook_url names an anchor that docs/runbooks.md has.
+#
+# Usage: HELM="helm" deploy/helm/check.sh   (make passes the pinned helm)
+# NOTES.txt is checked through `helm install --dry-run=client`, which cannot
+# be told about extra APIs, so only its no-operator form is checked.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+HELM=${HELM:-helm}
+chart=$PWD/deploy/helm/leasehold
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+# $HELM may be a command with environment assignments (make's
+# "GOWORK=off go -C tools/k8s tool helm"): env runs both forms.
+helm() { env $HELM "$@"; }
+render() { helm template leasehold "$chart" --namespace leasehold "$@"; }
+# kinds FILE: the kinds rendered in FILE, one per line.
+kinds() { grep -E '^kind: ' "$1" | sed 's/^kind: //' | sort -u; }
+
+echo "== values the schema must refuse (each --set alone)"
+# Each line: a --set argument, then a word the error must contain.
+while read -r set want; do
+	[ -z "$set" ] && continue
+	if render --set "$set" >/dev/null 2>"$work/err"; then
+		fail "helm template accepted --set $set"
+	elif ! grep -q -- "$want" "$work/err"; then
+		fail "--set $set failed without naming $want: $(head -c 400 "$work/err")"
+	else
+		echo "refused: --set $set"
+	fi
+done <<'CASES'
+gateway.maxStreams=lots maxStreams
+gateway.maxStreams=0 maxStreams
+gateway.replica=3 replica
+gateway.replicas=-1 replicas
+gateway.helloRate=0 helloRate
+gateway.service.type=LoadBalancer secretName
+gateway.service.type=NodePort secretName
+gateway.service.type=ExternalName type
+gateway.service.port=70000 port
+gateway.service.loadBalancerSourceRanges[0]=everyone loadBalancerSourceRanges
+api.service.type=LoadBalancer secretName
+doctor.serve.service.type=LoadBalancer type
+coord.leaseTTL=15 leaseTTL
+coord.leaseTTL=1m30s leaseTTL
+worker.janitor.commandRetention=7d commandRetention
+log.level=verbose level
+log.format=xml format
+migrations.mode=sometimes mode
+image.pullPolicy=Sometimes pullPolicy
+metrics.serviceMonitor.enabled=maybe enabled
+metrics.prometheusRule.runbookURL=runbooks.md runbookURL
+topologySpread[0].whenUnsatisfiable=Never whenUnsatisfiable
+worker.resources.request.cpu=1 request
+worker.podDisruptionBudget.minAvailable=1 podDisruptionBudget
+worker.extraArgs[0]=verbose extraArgs
+grafana.dashboard.label.x=1 label
+database.maxConns=0 maxConns
+database.url=mysql://x url
+doctor.cron.schedule=often schedule
+unknownKey=1 unknownKey
+CASES
+
+echo "== template guards without the schema (--skip-schema-validation)"
+for svc in gateway api; do
+	if render --skip-schema-validation --set "$svc.service.type=LoadBalancer" >/dev/null 2>"$work/err"; then
+		fail "$svc.service.type=LoadBalancer without TLS rendered with --skip-schema-validation"
+	elif ! grep -q "set $svc.tls.secretName" "$work/err"; then
+		fail "$svc LoadBalancer guard failed without naming $svc.tls.secretName: $(cat "$work/err")"
+	else
+		echo "refused: $svc.service.type=LoadBalancer without $svc.tls.secretName"
+	fi
+done
+
+echo "== values that must be accepted"
+render >"$work/default.yaml"
+render --show-only templates/gateway.yaml >"$work/gw.yaml"
+grep -qx '  type: ClusterIP' "$work/gw.yaml" || fail "the default gateway Service is not ClusterIP"
+grep -q 'LoadBalancer' "$work/gw.yaml" && fail "the default gateway Service mentions LoadBalancer"
+render --show-only templates/gateway.yaml --set gateway.service.type=LoadBalancer \
+	--set gateway.tls.secretName=gw-tls >"$work/lb.yaml" || fail "gateway LoadBalancer with TLS was refused"
+grep -qx '  type: LoadBalancer' "$work/lb.yaml" || fail "gateway LoadBalancer with TLS rendered no LoadBalancer"
+grep -q -- '--tls-cert=' "$work/lb.yaml" || fail "gateway LoadBalancer with TLS runs without --tls-cert"
+render --set api.service.type=LoadBalancer --set api.tls.secretName=api-tls >/dev/null ||
+	fail "api LoadBalancer with TLS was refused"
+render -f "$chart/values-ha.yaml" >/dev/null || fail "values-ha.yaml was refused"
+
+echo "== monitoring objects follow the cluster's APIs"
+mon=(--api-versions monitoring.coreos.com/v1/ServiceMonitor --api-versions monitoring.coreos.com/v1/PrometheusRule)
+kinds "$work/default.yaml" >"$work/kinds"
+if grep -qE '^(ServiceMonitor|PrometheusRule)$' "$work/kinds"; then
+	fail "ServiceMonitor/PrometheusRule rendered without monitoring.coreos.com/v1"
+fi
+render "${mon[@]}" >"$work/mon.yaml"
+kinds "$work/mon.yaml" >"$work/kinds"
+grep -qx ServiceMonitor "$work/kinds" || fail "no ServiceMonitor with monitoring.coreos.com/v1/ServiceMonitor served"
+grep -qx PrometheusRule "$work/kinds" || fail "no PrometheusRule with monitoring.coreos.com/v1/PrometheusRule served"
+render --api-versions monitoring.coreos.com/v1/ServiceMonitor >"$work/sm.yaml"
+kinds "$work/sm.yaml" >"$work/kinds"
+grep -qx ServiceMonitor "$work/kinds" || fail "no ServiceMonitor with only ServiceMonitor served"
+grep -qx PrometheusRule "$work/kinds" && fail "PrometheusRule rendered on a cluster serving only ServiceMonitor"
+render "${mon[@]}" --set metrics.serviceMonitor.enabled=false --set metrics.prometheusRule.enabled=false >"$work/off.yaml"
+kinds "$work/off.yaml" >"$work/kinds"
+grep -qE '^(ServiceMonitor|PrometheusRule)$' "$work/kinds" && fail "monitoring objects rendered with their switches off"
+echo "ok"
+
+echo "== NOTES.txt says what was installed and how to reach it"
+helm install leasehold "$chart" --namespace leasehold --dry-run=client >"$work/notes.txt"
+for want in 'gateway: Deployment leasehold-gateway' 'leasehold-gateway.leasehold.svc:443' \
+	'no ServiceMonitor' 'port-forward service/leasehold-api' 'ControlService/ListNodes'; do
+	grep -qF "$want" "$work/notes.txt" || fail "NOTES.txt lacks: $want"
+done
+echo "ok"
+
+echo "== Grafana dashboard ConfigMap"
+cmp -s deploy/grafana/leasehold.json "$chart/dashboards/leasehold.json" ||
+	fail "deploy/helm/leasehold/dashboards/leasehold.json differs from deploy/grafana/leasehold.json: cp deploy/grafana/leasehold.json deploy/helm/leasehold/dashboards/"
+render --show-only templates/grafana-dashboard.yaml >"$work/cm.yaml"
+grep -q '^    grafana_dashboard: "1"$' "$work/cm.yaml" || fail "dashboard ConfigMap lacks the label grafana_dashboard: \"1\""
+# The data block is the file indented by four spaces.
+awk '/^  leasehold.json: \|-$/ {on=1; next} on && /^    / {print substr($0, 5); next} on && /^$/ {print; next} on {exit}' \
+	"$work/cm.yaml" >"$work/dashboard.json"
+# (-B: the block's trailing blank lines are YAML's, not the file's)
+diff -q -B <(sed -e '$a\' deploy/grafana/leasehold.json) "$work/dashboard.json" >/dev/null ||
+	fail "the ConfigMap's leasehold.json is not deploy/grafana/leasehold.json"
+echo "ok"
+
+echo "== every runbook_url names an anchor of docs/runbooks.md"
+# GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens.
+grep -E '^#+ ' docs/runbooks.md | sed -E 's/^#+ //' | tr 'A-Z' 'a-z' |
+	sed -E 's/[^a-z0-9 _-]//g; s/ /-/g' | sort -u >"$work/anchors"
+grep -E '^ +runbook_url: ' "$work/mon.yaml" | sed -E 's/.*runbook_url: //' | sort -u >"$work/urls"
+[ -s "$work/urls" ] || fail "no alert has a runbook_url"
+grep -qE '^ +runbook: ' "$work/mon.yaml" && fail "an alert still has the annotation runbook: (use runbook_url)"
+alerts=$(grep -cE '^ +- alert: ' "$work/mon.yaml")
+with_url=$(grep -cE '^ +runbook_url: ' "$work/mon.yaml")
+[ "$alerts" = "$with_url" ] || fail "$alerts alerts but $with_url runbook_url annotations"
+while read -r url; do
+	anchor=${url##*#}
+	grep -qx -- "$anchor" "$work/anchors" || fail "runbook_url $url: docs/runbooks.md has no heading #$anchor"
+done <"$work/urls"
+echo "ok ($alerts alerts)"
+
+if [ "$failures" -gt 0 ]; then
+	echo "$failures chart check(s) failed" >&2
+	exit 1
+fi
+echo "all chart checks passed"
