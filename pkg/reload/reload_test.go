@@ -203,8 +203,15 @@ func TestRunPicksUpChanges(t *testing.T) {
 			return len(got) == len(want) && (len(want) == 0 || got[len(got)-1] == want[len(want)-1])
 		}
 	}
-	require.NoError(t, os.WriteFile(path, []byte("bad"), 0o600))
-	require.NoError(t, os.WriteFile(path, []byte("two"), 0o600))
+	// Replace the file whole, as a Secret or cert-manager does: a plain
+	// WriteFile truncates first, and a 10 ms watcher may read it empty.
+	replace := func(contents string) {
+		tmp := path + ".tmp"
+		require.NoError(t, os.WriteFile(tmp, []byte(contents), 0o600))
+		require.NoError(t, os.Rename(tmp, path))
+	}
+	replace("bad")
+	replace("two")
 	require.Eventually(t, seen("one", "two"), 10*time.Second, 5*time.Millisecond)
 
 	_, err = reload.NewWatcher("missing", []string{filepath.Join(t.TempDir(), "nope")}, func([][]byte) error { return nil }, reload.Options{})
