@@ -129,12 +129,6 @@ INSERT INTO node_events (node_id, id, kind, payload, occurred_at, gateway_id, se
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT (node_id, id) DO NOTHING`
 
-// commandsChannel is the NOTIFY channel of command inserts (migration 00008).
-const commandsChannel = "leasehold_commands"
-
-// specChannel is the NOTIFY channel of node spec changes (migration 00013).
-const specChannel = "leasehold_node_spec"
-
 // DiscoveryEventKind is the event kind of a site agent's discovery report;
 // it is stored only when its boot_epoch is the agent's current boot epoch.
 const DiscoveryEventKind = "discovery"
