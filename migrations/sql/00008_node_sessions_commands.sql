@@ -47,6 +47,8 @@ CREATE INDEX commands_in_flight_idx ON commands (node_id) WHERE state IN ('dispa
 -- Inserting a command wakes the gateways' dispatchers at once; the payload is
 -- the node id so a gateway looks only at its own sessions. Dispatch still
 -- polls when notifications are unavailable (PgBouncer transaction mode).
+-- The channel name must match pgnotify.Commands (pkg/pgnotify/channels.go;
+-- TestChannelsMatchMigrations checks it).
 -- +goose StatementBegin
 CREATE FUNCTION commands_notify() RETURNS trigger
 LANGUAGE plpgsql AS $$

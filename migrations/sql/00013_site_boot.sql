@@ -22,6 +22,8 @@ END $$;
 CREATE TRIGGER nodes_spec_version BEFORE UPDATE OF spec ON nodes
     FOR EACH ROW EXECUTE FUNCTION nodes_spec_version();
 
+-- The channel name must match pgnotify.NodeSpec (pkg/pgnotify/channels.go;
+-- TestChannelsMatchMigrations checks it).
 -- +goose StatementBegin
 CREATE FUNCTION nodes_spec_notify() RETURNS trigger
 LANGUAGE plpgsql AS $$
