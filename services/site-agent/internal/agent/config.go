@@ -15,7 +15,7 @@ import (
 	"github.com/leasehold/leasehold/services/site-agent/internal/redfish"
 )
 
-// Config is the site agent's configuration (DESIGN.md sections 9 and 10).
+// Config is the site agent's configuration (docs/design.md#site-agents and #timings).
 type Config struct {
 	// GatewayURL is the gateway balancer's base URL (http:// for h2c).
 	GatewayURL string
