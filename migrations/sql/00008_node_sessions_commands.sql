@@ -1,5 +1,5 @@
 -- +goose Up
--- Node sessions and commands (DESIGN.md section 8). node_sessions routes a
+-- Node sessions and commands (docs/design.md#gateways). node_sessions routes a
 -- node to the gateway that holds its stream: every Hello bumps session_epoch,
 -- and every routing or liveness write carries AND session_epoch = <mine>, so a
 -- gateway whose node said Hello elsewhere matches no row (a zombie session).

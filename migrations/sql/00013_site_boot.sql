@@ -1,5 +1,5 @@
 -- +goose Up
--- Site boot (DESIGN.md section 9) and NodeSpecUpdate delivery.
+-- Site boot (docs/design.md#site-agents) and NodeSpecUpdate delivery.
 --
 -- nodes.spec_version rises on every change of spec, so a gateway knows which
 -- spec each of its sessions last received and pushes NodeSpecUpdate only for

@@ -98,7 +98,7 @@ INSERT INTO leases (name, owner, epoch, expires_at)
 SELECT n, NULL, 0, '-infinity' FROM unnest($1::text[]) AS n
 ON CONFLICT (name) DO NOTHING`
 
-// acquireSQL is DESIGN.md section 3's guarded UPDATE, with the epoch rule of
+// acquireSQL is the guarded UPDATE of docs/design.md#leases, with the epoch rule of
 // epoch.go. The outer SELECT returns one row with NULLs when nothing was
 // granted, so every call samples compute_now() for clock-skew detection
 // without a second statement.

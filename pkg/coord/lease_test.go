@@ -183,7 +183,7 @@ func countLog(t *testing.T, db *pgxpool.Pool, writer string) int {
 	return n
 }
 
-// TestFenceMakesTakeoverWait is DESIGN.md section 4: holder A's open fenced
+// TestFenceMakesTakeoverWait is docs/design.md#fencing: holder A's open fenced
 // transaction makes B's takeover wait; once A commits B takes over at
 // epoch+1; a transaction fenced at the old epoch then fails and commits
 // nothing.

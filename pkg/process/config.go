@@ -51,7 +51,7 @@ type Config struct {
 	// ShutdownTimeout bounds a graceful stop.
 	ShutdownTimeout time.Duration
 	// ClockRate and ClockEpoch install a scaled clock (benches and
-	// simulators only, DESIGN.md section 2): simulated time runs ClockRate
+	// simulators only, docs/design.md#time): simulated time runs ClockRate
 	// times faster than wall time from ClockEpoch (RFC 3339). Rate 1 is the
 	// real clock.
 	ClockRate  float64

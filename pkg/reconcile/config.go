@@ -33,7 +33,7 @@ type Config struct {
 	Version string
 }
 
-// DefaultConfig is DESIGN.md's defaults.
+// DefaultConfig is the defaults of docs/design.md#timings.
 func DefaultConfig() Config {
 	return Config{
 		Timings:          coord.DefaultTimings(),

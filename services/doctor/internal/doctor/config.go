@@ -9,7 +9,7 @@ import (
 )
 
 // Config holds the thresholds and the expected deployment the checks compare
-// the database against. Its defaults are DESIGN.md's timings.
+// the database against. Its defaults are the timings of docs/design.md#timings.
 type Config struct {
 	// LeaseTTL is the shard and singleton lease TTL: a member silent this
 	// long is silent, and a fenced transaction older than it is long.

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Config is the gateway's own configuration (DESIGN.md sections 8 and 10).
+// Config is the gateway's own configuration (docs/design.md#gateways and #timings).
 type Config struct {
 	// ListenAddr serves node streams (HTTP/2: h2c, or TLS when TLSCert is set).
 	ListenAddr string

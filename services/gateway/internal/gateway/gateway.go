@@ -1,4 +1,4 @@
-// Package gateway serves node sessions (DESIGN.md section 8): Connect
+// Package gateway serves node sessions (docs/design.md#gateways): Connect
 // streams authenticated on Hello, the gateway:<id> lease and its self-fence,
 // session epochs, batched liveness, dispatch, admission and drain.
 //
