@@ -13,19 +13,28 @@ BUF := GOWORK=off go -C tools tool buf
 
 all: build
 
-## build: compile every service into ./bin
+# VERSION and REVISION are stamped into every binary (pkg/buildinfo): --version,
+# leasehold_build_info, /healthz/detail and the daemon's Hello report them.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS := -X github.com/leasehold/leasehold/pkg/buildinfo.version=$(VERSION) -X github.com/leasehold/leasehold/pkg/buildinfo.revision=$(REVISION)
+
+## build: compile every service into ./bin, stamped with VERSION (git describe)
 build:
 	@mkdir -p $(BIN)
 	@for s in $(SERVICES); do \
-		(cd services/$$s && go build -o $(BIN)/leasehold-$$s .) || exit 1; \
+		(cd services/$$s && go build -ldflags '$(LDFLAGS)' -o $(BIN)/leasehold-$$s .) || exit 1; \
 	done
 
-## test: run every module's tests against a real PostgreSQL (see pkg/pgtest)
+## test: run every module's tests against a real PostgreSQL (see pkg/pgtest);
+## a failing module does not stop the others: all failures are listed at the end
 test: build
-	@set -e; for m in $(MODULES); do \
+	@failed=(); for m in $(MODULES); do \
 		echo "== $${m#$(CURDIR)/}"; \
-		(cd $$m && go test -count=1 -timeout 15m ./...); \
-	done
+		(cd $$m && go test -count=1 -timeout 15m ./...) || failed+=("$${m#$(CURDIR)/}"); \
+	done; \
+	if [ $${#failed[@]} -gt 0 ]; then echo "FAILED modules: $${failed[*]}" >&2; exit 1; fi; \
+	echo "every module passed"
 
 ## test-gateway-std: the gateway module and e2e again on net/http's HTTP/2
 ## server (--gateway.http2-server=std), so the fallback stays tested
@@ -35,6 +44,26 @@ test-gateway-std: build
 		echo "== LEASEHOLD_GATEWAY_HTTP2_SERVER=std $$m"; \
 		(cd $$m && LEASEHOLD_GATEWAY_HTTP2_SERVER=std go test -count=1 -timeout 15m ./...); \
 	done
+
+## test-race: every module's tests under the race detector; the services that
+## tests start as real processes are built with -race too (pkg/proctest), and
+## a race they report fails the test. RACE_TEST_FLAGS adds flags (CI: -short).
+RACE_TEST_FLAGS ?=
+.PHONY: test-race
+test-race:
+	@set -e; for m in $(MODULES); do \
+		echo "== -race $${m#$(CURDIR)/}"; \
+		(cd $$m && go test -race -count=1 -timeout 30m $(RACE_TEST_FLAGS) ./...); \
+	done
+
+## h2spec: the HTTP/2 conformance suite (h2spec, pinned in tools/h2spec)
+## against the lean server and net/http's, with the same trivial handler;
+## the lean server must pass every case net/http passes (docs/gateway.md)
+.PHONY: h2spec
+h2spec:
+	@set -e; out=$$(mktemp -d); trap 'rm -rf "$$out"' EXIT; \
+	GOWORK=off go -C tools/h2spec build -o "$$out/h2spec" github.com/summerwind/h2spec/cmd/h2spec; \
+	cd services/gateway && LEASEHOLD_H2SPEC="$$out/h2spec" go test -count=1 -run '^TestH2spec$$' ./internal/h2serve/
 
 ## test-short: the same without the slow real-time failover tests
 test-short:
@@ -69,11 +98,11 @@ migrate:
 ## run: start PostgreSQL under .dev/ (unless LEASEHOLD_DATABASE_URL is set) and every service
 ## (built, not `go run`: go run exits 1 on Ctrl-C even when the stack stopped cleanly)
 run: build
-	go build -o $(BIN)/leasehold-devstack ./tools/devstack
+	go build -ldflags '$(LDFLAGS)' -o $(BIN)/leasehold-devstack ./tools/devstack
 	$(BIN)/leasehold-devstack -bin $(BIN) $(RUN_ARGS)
 
 tidy:
-	@for m in $(MODULES) $(CURDIR)/tools; do (cd $$m && GOWORK=off go mod tidy) || exit 1; done
+	@for m in $(MODULES) $(CURDIR)/tools $(CURDIR)/tools/h2spec $(CURDIR)/tools/golangci; do (cd $$m && GOWORK=off go mod tidy) || exit 1; done
 
 ## breaking: buf's breaking-change check of proto/ against main
 breaking:
@@ -105,7 +134,7 @@ KUBECONFORM := GOWORK=off go -C tools/k8s tool kubeconform
 images:
 	@set -e; for s in $(SERVICES); do \
 		echo "== $(IMAGE_REGISTRY)/leasehold-$$s:$(IMAGE_TAG)"; \
-		$(DOCKER) build -f deploy/docker/Dockerfile --build-arg SERVICE=$$s --build-arg VERSION=$(IMAGE_TAG) \
+		$(DOCKER) build -f deploy/docker/Dockerfile --build-arg SERVICE=$$s --build-arg VERSION=$(IMAGE_TAG) --build-arg REVISION=$(REVISION) \
 			-t $(IMAGE_REGISTRY)/leasehold-$$s:$(IMAGE_TAG) .; \
 	done
 	@echo "== $(IMAGE_REGISTRY)/leasehold-migrate:$(IMAGE_TAG)"
@@ -156,6 +185,16 @@ bench-failover:
 	@mkdir -p $(BENCH_RESULTS)
 	cd bench && go run ./multi-gateway -scenario kill -nodes $(BENCH_NODES) -json $(BENCH_RESULTS)/multigateway-kill-$(BENCH_NODES).json
 	cd bench && go run ./cmd/leasefailover -runs $(BENCH_RUNS) -json $(BENCH_RESULTS)/leasefailover.json
+
+## bench-dbfailover: PostgreSQL's own faults under load (45 s outage, fast restart, promotion of a
+## synchronous and an asynchronous standby): time until every lease is held again, lost, duplicated,
+## restarted, two holders. DBFAILOVER_ARGS passes flags (e.g. -scenario promote-async -timings fast).
+DBFAILOVER_ARGS ?=
+.PHONY: bench-dbfailover
+bench-dbfailover:
+	@$(BENCH_HAPROXY)
+	@mkdir -p $(BENCH_RESULTS)
+	cd bench && go run ./cmd/dbfailover -json $(BENCH_RESULTS)/dbfailover.json $(DBFAILOVER_ARGS)
 
 ## bench-throughput: commands/s end to end through 1 and 3 gateways, and River's jobs/s on the same server
 bench-throughput:

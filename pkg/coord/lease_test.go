@@ -170,6 +170,17 @@ func TestExpiredLeaseIsTakenOverWithNewEpoch(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond)
 }
 
+// waitExpired waits until the database sees the lease on name expired
+// (compute_now() past expires_at).
+func waitExpired(t *testing.T, db *pgxpool.Pool, name string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var expired bool
+		err := db.QueryRow(context.Background(), "SELECT expires_at < compute_now() FROM leases WHERE name = $1", name).Scan(&expired)
+		return err == nil && expired
+	}, 30*time.Second, 10*time.Millisecond, "the lease on %s expires", name)
+}
+
 func createLog(t *testing.T, db *pgxpool.Pool) {
 	t.Helper()
 	_, err := db.Exec(context.Background(), "CREATE TABLE fenced_log (writer text, epoch bigint, note text)")
@@ -203,7 +214,7 @@ func TestFenceMakesTakeoverWait(t *testing.T) {
 	_, err = txA.Exec(ctx, "INSERT INTO fenced_log VALUES ('a', $1, 'inside fence')", la.Epoch)
 	require.NoError(t, err)
 
-	time.Sleep(300 * time.Millisecond) // A's lease is now expired, A's transaction still open
+	waitExpired(t, s.db, "shard:1") // A's transaction is still open
 
 	type result struct {
 		l   coord.Lease
@@ -272,7 +283,7 @@ func TestPausedHolderCannotCommit(t *testing.T) {
 	require.True(t, ok)
 	la.ValidUntil = time.Time{} // the paused process's own view: still valid
 
-	time.Sleep(150 * time.Millisecond) // the pause
+	waitExpired(t, s.db, "singleton:janitor") // the pause
 	lb, ok, err := s.b.Acquire(ctx, "singleton:janitor", 10*time.Second)
 	require.NoError(t, err)
 	require.True(t, ok)

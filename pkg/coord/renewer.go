@@ -32,6 +32,9 @@ type RenewerConfig struct {
 	NotifyURL string
 	// Version is reported on the workers row.
 	Version string
+	// Liveness configures the liveness session (liveness.go); an empty URL
+	// leaves the TTL path alone.
+	Liveness LivenessConfig
 }
 
 // Renewer is the lease-renewal loop of one process (docs/design.md#membership
@@ -53,6 +56,7 @@ type Renewer struct {
 
 	trigger chan string
 	halted  atomic.Bool
+	live    *livenessSession // nil with liveness off
 
 	mu          sync.RWMutex
 	held        map[string]Lease // by name
@@ -75,6 +79,9 @@ func NewRenewer(cfg RenewerConfig, client *Client, logger *slog.Logger, reg prom
 			return nil, err
 		}
 	}
+	if err := cfg.Liveness.Validate(cfg.Timings.LeaseTTL); err != nil {
+		return nil, err
+	}
 	if clock == nil {
 		clock = clockwork.NewRealClock()
 	}
@@ -86,6 +93,14 @@ func NewRenewer(cfg RenewerConfig, client *Client, logger *slog.Logger, reg prom
 		cfg: cfg, client: client, logger: logger, clock: clock, m: newMetrics(reg), host: host,
 		trigger: make(chan string, 1), held: map[string]Lease{}, lastMembers: map[string][]Member{},
 		changed: make(chan struct{}), notifyMode: "polling",
+	}
+	if cfg.Liveness.URL != "" {
+		groups := []string{Singletons.Name}
+		for _, g := range cfg.Groups {
+			groups = append(groups, g.Name)
+		}
+		r.live = &livenessSession{cfg: cfg.Liveness, owner: client.Owner(), groups: groups, db: client.db, clock: clock,
+			log: logger, m: r.m, onPeer: func() { r.Trigger("liveness-takeover") }, deadSince: map[string]time.Time{}}
 	}
 	r.skew = NewSkewDetector(DefaultSkewThreshold, logger, func(d time.Duration) { r.m.clockSkew.Set(d.Seconds()) })
 	client.skew = r.skew
@@ -110,6 +125,13 @@ func (r *Renewer) Trigger(reason string) {
 }
 
 func (r *Renewer) running(ctx context.Context) error {
+	if r.live != nil {
+		lctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		done := make(chan struct{})
+		defer func() { cancel(); <-done }()
+		go func() { defer close(done); r.live.run(lctx) }()
+	}
 	if url := r.cfg.NotifyURL; url != "" {
 		lctx, cancel := context.WithCancel(ctx)
 		defer cancel()
@@ -162,7 +184,14 @@ func (r *Renewer) pass(ctx context.Context, trigger string) {
 	}
 	r.m.passes.WithLabelValues(trigger).Inc()
 	start := r.clock.Now()
-	if err := r.doPass(ctx); err != nil {
+	var (
+		gen     uint64
+		flagged bool
+	)
+	if r.live != nil {
+		gen, flagged = r.live.generation(), r.live.up()
+	}
+	if err := r.doPass(ctx, flagged); err != nil {
 		if ctx.Err() != nil {
 			return
 		}
@@ -179,17 +208,22 @@ func (r *Renewer) pass(ctx context.Context, trigger string) {
 		return
 	}
 	r.setPassErr(nil)
+	if r.live != nil {
+		// The leases this pass returned are ours under the session that
+		// was up when it began (or, with it down, under the TTL path).
+		r.live.passed(gen, flagged)
+	}
 	r.loop.Beat()
 	r.logger.Debug("membership pass", "trigger", trigger, "took", r.clock.Since(start), "held", len(r.held))
 }
 
-func (r *Renewer) doPass(ctx context.Context) error {
+func (r *Renewer) doPass(ctx context.Context, liveness bool) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timings.LeaseTTL/3)
 	defer cancel()
 	t := r.cfg.Timings
 	skew, _ := r.skew.Last()
 	info := HeartbeatInfo{ProcessID: r.client.Owner(), Hostname: r.host, Version: r.cfg.Version,
-		ClockSkew: skew, NotifyMode: r.NotifyMode(), LeasesHeld: len(r.Held())}
+		ClockSkew: skew, NotifyMode: r.NotifyMode(), LeasesHeld: len(r.Held()), Liveness: liveness}
 
 	groups := r.cfg.Groups
 	if len(groups) == 0 {

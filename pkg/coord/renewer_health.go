@@ -56,8 +56,9 @@ func (r *Renewer) Detail(context.Context) any {
 		Shards      map[string]int      `json:"shards_held"`
 		Singletons  []lease             `json:"singletons"`
 		LiveMembers map[string][]string `json:"live_members"`
+		Liveness    LivenessDetail      `json:"liveness"`
 	}{Owner: r.client.Owner(), NotifyMode: r.NotifyMode(), LoopAge: r.loop.Age().Round(time.Millisecond).String(),
-		Shards: map[string]int{}, LiveMembers: map[string][]string{}}
+		Shards: map[string]int{}, LiveMembers: map[string][]string{}, Liveness: r.live.detail()}
 	skew, _ := r.skew.Last()
 	out.ClockSkew = skew.String()
 	out.Waiting, _ = r.loop.Waiting()

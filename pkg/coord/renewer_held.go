@@ -49,12 +49,26 @@ func (r *Renewer) RemoveSingleton(ctx context.Context, name string) error {
 	return err
 }
 
-// Lease returns the held lease called name while it is still valid on the
-// process clock.
+// trusted caps a held lease's validity by the liveness session's trust
+// deadline when liveness is on (liveness.go): a member whose session
+// stopped answering stops trusting every lease at once.
+func (r *Renewer) trusted(l Lease) Lease {
+	if r.live == nil {
+		return l
+	}
+	if until := r.live.trustUntil(); until.Before(l.ValidUntil) {
+		l.ValidUntil = until
+	}
+	return l
+}
+
+// Lease returns the held lease called name while it is still valid (and,
+// with liveness on, trusted) on the process clock.
 func (r *Renewer) Lease(name string) (Lease, bool) {
 	r.mu.RLock()
 	l, ok := r.held[name]
 	r.mu.RUnlock()
+	l = r.trusted(l)
 	if !ok || !r.clock.Now().Before(l.ValidUntil) {
 		return Lease{}, false
 	}
@@ -68,7 +82,7 @@ func (r *Renewer) Shards(g Group) []int {
 	defer r.mu.RUnlock()
 	var out []int
 	for name, l := range r.held {
-		if n, ok := g.ShardOfLease(name); ok && now.Before(l.ValidUntil) {
+		if n, ok := g.ShardOfLease(name); ok && now.Before(r.trusted(l).ValidUntil) {
 			out = append(out, n)
 		}
 	}
@@ -83,7 +97,7 @@ func (r *Renewer) Held() []Lease {
 	defer r.mu.RUnlock()
 	out := make([]Lease, 0, len(r.held))
 	for _, l := range r.held {
-		if now.Before(l.ValidUntil) {
+		if l = r.trusted(l); now.Before(l.ValidUntil) {
 			out = append(out, l)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/leasehold/leasehold/pkg/buildinfo"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
 )
@@ -125,7 +126,9 @@ func TestPushbackRetryAfterIsHonoured(t *testing.T) {
 	require.Eventually(t, func() bool { return d.Stats().Pushbacks == 1 }, 5*time.Second, time.Millisecond)
 	require.NoError(t, clock.BlockUntilContext(ctx, 1)) // waiting out retry_after
 	clock.Advance(29 * time.Second)
-	time.Sleep(100 * time.Millisecond)
+	// Still waiting on the clock, not dialling: a timer fired early would
+	// leave no waiter until the redial's own.
+	require.NoError(t, clock.BlockUntilContext(ctx, 1))
 	require.EqualValues(t, 1, f.dials.Load(), "no redial before retry_after")
 	clock.Advance(time.Second)
 	require.Eventually(t, func() bool { return d.Stats().Welcomes == 1 }, 5*time.Second, time.Millisecond)
@@ -153,8 +156,9 @@ func TestDrainDelayIsHonoured(t *testing.T) {
 	defer func() { cancel(); <-done }()
 
 	require.Eventually(t, func() bool { return d.Stats().Drains == 1 }, 5*time.Second, time.Millisecond)
+	require.NoError(t, clock.BlockUntilContext(ctx, 1)) // waiting out the drain delay
 	clock.Advance(9 * time.Second)
-	time.Sleep(100 * time.Millisecond)
+	require.NoError(t, clock.BlockUntilContext(ctx, 1)) // still waiting on the clock
 	require.EqualValues(t, 1, f.dials.Load(), "the stream is kept for the drain delay")
 	clock.Advance(time.Second)
 	require.Eventually(t, func() bool { return d.Stats().Welcomes == 2 }, 5*time.Second, time.Millisecond)
@@ -249,4 +253,47 @@ func TestFileJournalInterruptedCommandIsNotRerun(t *testing.T) {
 	r, _ = j.Seen("started-only")
 	require.Equal(t, "started-only/interrupted", r.GetResultId())
 	require.Empty(t, sent)
+}
+
+// TestHelloCarriesTheBuildVersion: a daemon configured without a version
+// reports the build's (pkg/buildinfo) in Hello.daemon_version, which the
+// gateway stores on the node; a configured one wins.
+func TestHelloCarriesTheBuildVersion(t *testing.T) {
+	t.Parallel()
+	for _, configured := range []string{"", "custom-1.0"} {
+		hellos := make(chan *nodev1.Hello, 1)
+		f := &fakeGateway{script: func(n int64, ctx context.Context, s *stream) error {
+			m, err := s.Receive()
+			if err != nil {
+				return err
+			}
+			select {
+			case hellos <- m.GetHello():
+			default:
+			}
+			<-ctx.Done()
+			return nil
+		}}
+		addr := startFake(t, f)
+		d, err := New(Config{Address: addr, NodeID: "n1", Credential: "c", Version: configured,
+			Handler: func(context.Context, *nodev1.Command) Outcome { return Outcome{} }})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = d.Run(ctx) }()
+		var h *nodev1.Hello
+		select {
+		case h = <-hellos:
+		case <-time.After(30 * time.Second):
+			t.Fatal("no Hello")
+		}
+		cancel()
+		<-done
+		want := configured
+		if want == "" {
+			want = buildinfo.Version()
+		}
+		require.Equal(t, want, h.GetDaemonVersion())
+		require.NotEmpty(t, h.GetDaemonVersion())
+	}
 }

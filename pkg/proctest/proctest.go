@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -25,7 +26,7 @@ var (
 
 // Build compiles the main package in dir (a path relative to the test's
 // working directory, or absolute) once per test binary and returns the
-// binary's path.
+// binary's path. Under go test -race the binary is built with -race too.
 func Build(t testing.TB, dir string) string {
 	t.Helper()
 	abs, err := filepath.Abs(dir)
@@ -43,7 +44,11 @@ func Build(t testing.TB, dir string) string {
 		}
 	}
 	out := filepath.Join(binDir, filepath.Base(abs))
-	cmd := exec.Command("go", "build", "-o", out, ".")
+	args := []string{"build", "-o", out}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	cmd := exec.Command("go", append(args, ".")...)
 	cmd.Dir = abs
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("proctest: go build %s: %v\n%s", abs, err, b)
@@ -51,6 +56,10 @@ func Build(t testing.TB, dir string) string {
 	built[abs] = out
 	return out
 }
+
+// raceReport starts every report of the race detector (a binary built with
+// -race writes it to stderr and carries on).
+const raceReport = "WARNING: DATA RACE"
 
 // Proc is a running process under a test: a Child whose failures fail the
 // test, killed when the test ends.
@@ -103,6 +112,9 @@ func Start(t testing.TB, name, bin string, env []string, args ...string) *Proc {
 		_ = c.Cmd.Process.Signal(syscall.SIGCONT)
 		_ = c.Cmd.Process.Kill()
 		<-c.Done()
+		if strings.Contains(p.Logs(), raceReport) {
+			t.Errorf("%s: the race detector reported a data race", name)
+		}
 		if t.Failed() {
 			t.Logf("--- output of %s ---\n%s", name, p.Logs())
 		}

@@ -39,7 +39,14 @@ func TestPeriodicSingletonNeitherSkipsNorRepeatsAcrossTakeover(t *testing.T) {
 	before := count(t, db.Pool, "SELECT count(DISTINCT owner) FROM periods")
 	require.Equal(t, 1, before)
 	require.Eventually(t, func() bool { return count(t, db.Pool, "SELECT count(DISTINCT owner) FROM periods") == 2 }, 10*time.Second, 20*time.Millisecond)
-	time.Sleep(300 * time.Millisecond)
+	// A few periods past the takeover, so a skip or repeat there would show.
+	survivor := "wa"
+	if holder == a {
+		survivor = "wb"
+	}
+	require.Eventually(t, func() bool {
+		return count(t, db.Pool, "SELECT count(*) FROM periods WHERE owner = $1", survivor) >= 3
+	}, 10*time.Second, 20*time.Millisecond)
 
 	rows, err := db.Pool.Query(context.Background(), "SELECT period FROM periods ORDER BY period")
 	require.NoError(t, err)

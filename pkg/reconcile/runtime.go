@@ -88,6 +88,16 @@ func New(cfg Config, db *pgxpool.Pool, opts Options) (*Runtime, error) {
 	return rt, nil
 }
 
+// livenessConfig is the liveness session's configuration: on the direct
+// (LISTEN) URL when there is one and liveness is on.
+func (rt *Runtime) livenessConfig() coord.LivenessConfig {
+	lc := rt.cfg.LivenessTimings
+	if rt.cfg.Liveness {
+		lc.URL = rt.notify
+	}
+	return lc
+}
+
 // Renewer is the process's renewal loop (nil before start). Safe to call
 // from any goroutine, e.g. a health check served while the runtime starts.
 func (rt *Runtime) Renewer() *coord.Renewer { return rt.renewerP.Load() }
@@ -107,6 +117,7 @@ func (rt *Runtime) starting(ctx context.Context) error {
 	singletons := rt.Jobs()
 	r, err := coord.NewRenewer(coord.RenewerConfig{
 		Groups: gs, Singletons: singletons, Timings: rt.cfg.Timings, NotifyURL: rt.notify, Version: rt.cfg.Version,
+		Liveness: rt.livenessConfig(),
 	}, rt.client, rt.logger, rt.reg, rt.clock)
 	if err != nil {
 		return err
@@ -148,7 +159,7 @@ func (rt *Runtime) stopping(_ error) error {
 	go func() { rt.wg.Wait(); close(finished) }()
 	select {
 	case <-finished:
-	case <-time.After(rt.cfg.SelfReleaseAfter):
+	case <-rt.clock.After(rt.cfg.SelfReleaseAfter):
 		// A wedged reconcile must not keep the leases: release them anyway;
 		// its transaction can no longer commit once they move.
 		rt.logger.Warn("reconcile loops did not stop in time; releasing leases anyway", "waited", rt.cfg.SelfReleaseAfter)

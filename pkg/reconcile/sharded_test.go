@@ -44,11 +44,16 @@ func TestGenerationRaceRunsAgain(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDB(t)
 	var runs atomic.Int32
+	var after atomic.Bool
 	inRun := make(chan struct{})
 	release := make(chan struct{})
 	newRuntime(t, db, "w1", func(rt *reconcile.Runtime) {
 		require.NoError(t, rt.RegisterSharded(reconcile.Sharded{Name: "nodes", Group: coord.Controllers,
 			Reconcile: func(ctx context.Context, tx pgx.Tx, key string) error {
+				if key == "node-after" {
+					after.Store(true)
+					return nil
+				}
 				if runs.Add(1) == 1 {
 					close(inRun)
 					<-release
@@ -64,7 +69,10 @@ func TestGenerationRaceRunsAgain(t *testing.T) {
 	close(release)
 	require.Eventually(t, func() bool { return runs.Load() == 2 && count(t, db.Pool, "SELECT count(*) FROM work_queue") == 0 },
 		10*time.Second, 20*time.Millisecond)
-	time.Sleep(300 * time.Millisecond)
+	// A key enqueued later has run: any third run of node-x would have too.
+	_, err = queue.Enqueue(context.Background(), db.Pool, "nodes", "node-after", 0)
+	require.NoError(t, err)
+	require.Eventually(t, after.Load, 10*time.Second, 10*time.Millisecond)
 	require.EqualValues(t, 2, runs.Load(), "ran again once, not more")
 }
 

@@ -38,7 +38,7 @@ func TestSinkDeliversEveryRecordAcrossTakeover(t *testing.T) {
 			return ids, reconcile.Cursor{Seq: ids[len(ids)-1]}, len(ids), nil
 		},
 		Deliver: func(ctx context.Context, batch any) error {
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // the injected pace: a delivery takes time, so the takeover lands mid-stream
 			mu.Lock()
 			defer mu.Unlock()
 			for _, id := range batch.([]int64) {

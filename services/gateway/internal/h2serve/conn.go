@@ -75,6 +75,11 @@ type conn struct {
 	closed      bool
 	idleSince   time.Time
 	timer       *time.Timer
+	// cutShort are the last streams closed before the peer ended them
+	// (reset, refused, or the handler returned first): HEADERS still
+	// arriving for them are trailers in flight, a stream error only.
+	cutShort     [8]uint32
+	cutShortNext uint8
 }
 
 func (s *Server) newConn(nc net.Conn) *conn {
@@ -206,6 +211,9 @@ func (c *conn) streamError(id uint32, code http2.ErrCode) {
 		c.maxSeen = id
 	}
 	s := c.findLocked(id)
+	if s == nil {
+		c.cutShortLocked(id)
+	}
 	c.mu.Unlock()
 	if s != nil {
 		c.resetStream(s, code, fmt.Errorf("h2serve: stream error %s", code), true)

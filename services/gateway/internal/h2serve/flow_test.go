@@ -72,6 +72,33 @@ func TestHeadersNotHeldByFlowControl(t *testing.T) {
 	require.Len(t, d.Data(), 1000)
 }
 
+// TestHeadersOnClosedStream: HEADERS on a stream the peer had ended are a
+// connection error (STREAM_CLOSED, RFC 9113 section 5.1), but trailers
+// still in flight for a stream the server cut short (its handler returned
+// before the request ended) only reset that stream.
+func TestHeadersOnClosedStream(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	rc := dialRaw(t, startServer(t, &Server{Handler: h}))
+	// Stream 1: the handler answers before the request's END_STREAM.
+	rc.headers(1, false, requestFields("/")...)
+	f := rc.next(func(f http2.Frame) bool {
+		r, ok := f.(*http2.RSTStreamFrame)
+		return ok && r.StreamID == 1 || isGoAway(f)
+	})
+	require.Equal(t, http2.ErrCodeNo, f.(*http2.RSTStreamFrame).ErrCode)
+	rc.headers(1, true, "x-trailer", "v") // trailers in flight
+	f = rc.next(func(f http2.Frame) bool { _, ok := f.(*http2.RSTStreamFrame); return ok || isGoAway(f) })
+	require.Equal(t, http2.ErrCodeStreamClosed, f.(*http2.RSTStreamFrame).ErrCode)
+	// Stream 3: ended by the peer and answered; HEADERS again end the connection.
+	rc.headers(3, true, requestFields("/")...)
+	rc.next(func(f http2.Frame) bool {
+		return f.Header().StreamID == 3 && f.Header().Flags.Has(http2.FlagHeadersEndStream)
+	})
+	rc.headers(3, true, requestFields("/")...)
+	f = rc.next(func(f http2.Frame) bool { return isGoAway(f) })
+	require.Equal(t, http2.ErrCodeStreamClosed, f.(*http2.GoAwayFrame).ErrCode)
+}
+
 func TestDataBeyondStreamWindowResetsStream(t *testing.T) {
 	release := make(chan struct{})
 	h := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-release }) // never reads

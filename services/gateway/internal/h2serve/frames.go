@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"runtime"
+	"slices"
 	"strconv"
 	"time"
 
@@ -177,7 +178,14 @@ func (c *conn) handleFrame(f http2.Frame) error {
 		return connError{http2.ErrCodeProtocol, "PUSH_PROMISE from a client"}
 	case *http2.ContinuationFrame:
 		return connError{http2.ErrCodeProtocol, "unexpected CONTINUATION"}
-	default: // PRIORITY and unknown frames are ignored
+	case *http2.PriorityFrame:
+		// Read and ignored, but a stream cannot depend on itself
+		// (RFC 9113 section 5.3.1).
+		if f.StreamDep == f.StreamID {
+			return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeProtocol}
+		}
+		return nil
+	default: // unknown frames are ignored
 		return nil
 	}
 }
@@ -262,6 +270,17 @@ func (c *conn) handleData(f *http2.DataFrame) error {
 	s.recvWindow -= n
 	data := f.Data()
 	end := f.StreamEnded()
+	if s.bodyLeft >= 0 {
+		// A body that disagrees with its content-length is malformed
+		// (RFC 9113 section 8.1.1): more DATA than announced, or fewer by
+		// END_STREAM.
+		s.bodyLeft -= int64(len(data))
+		if s.bodyLeft < 0 || (end && s.bodyLeft > 0) {
+			c.mu.Unlock()
+			c.credit(nil, int(n))
+			return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol}
+		}
+	}
 	if end {
 		s.remoteClosed = true
 	}
@@ -284,10 +303,19 @@ func (c *conn) handleHeaders(f *http2.MetaHeadersFrame) error {
 	c.mu.Lock()
 	if s := c.findLocked(id); s != nil { // request trailers
 		if s.remoteClosed {
+			// HEADERS after END_STREAM: a stream error while our response
+			// is still being sent, a connection error once it is done
+			// (RFC 9113 section 5.1); the handler may not have returned
+			// yet when the peer has read our END_STREAM, so it is a
+			// connection error either way (section 5.4.1 allows that).
 			c.mu.Unlock()
-			return http2.StreamError{StreamID: id, Code: http2.ErrCodeStreamClosed}
+			return connError{http2.ErrCodeStreamClosed, "HEADERS after END_STREAM"}
 		}
 		if !f.StreamEnded() {
+			c.mu.Unlock()
+			return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol}
+		}
+		if s.bodyLeft > 0 { // trailers end a body shorter than its content-length
 			c.mu.Unlock()
 			return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol}
 		}
@@ -297,10 +325,22 @@ func (c *conn) handleHeaders(f *http2.MetaHeadersFrame) error {
 		return nil
 	}
 	if id <= c.maxSeen {
+		// A closed stream: HEADERS after the peer's END_STREAM are a
+		// connection error (RFC 9113 section 5.1), but trailers in flight
+		// for a stream we cut short only reset it, so they do not end the
+		// connection's other streams.
+		short := slices.Contains(c.cutShort[:], id)
 		c.mu.Unlock()
-		return http2.StreamError{StreamID: id, Code: http2.ErrCodeStreamClosed}
+		if short {
+			return http2.StreamError{StreamID: id, Code: http2.ErrCodeStreamClosed}
+		}
+		return connError{http2.ErrCodeStreamClosed, "HEADERS on a closed stream"}
 	}
 	c.maxSeen = id
+	if f.HasPriority() && f.Priority.StreamDep == id {
+		c.mu.Unlock()
+		return http2.StreamError{StreamID: id, Code: http2.ErrCodeProtocol}
+	}
 	// The limit counts open streams, as the peer does; a reset stream's
 	// handler may still be finishing, so running handlers get a looser
 	// bound (against rapid-reset floods).
@@ -316,17 +356,17 @@ func (c *conn) handleHeaders(f *http2.MetaHeadersFrame) error {
 
 	if f.Truncated {
 		err := c.refuseHeaders(id, f.StreamEnded())
-		c.unreserve()
+		c.unreserve(id)
 		return err
 	}
 	r, err := c.newRequest(f)
 	if err != nil {
 		srv.Logger.Debug("h2serve: bad request headers", "remote", c.remoteAddr, "err", err)
 		_ = c.writeFrames(func(fr *http2.Framer) error { return fr.WriteRSTStream(id, http2.ErrCodeProtocol) })
-		c.unreserve()
+		c.unreserve(id)
 		return nil
 	}
-	s := &stream{c: c, id: id, recvWindow: streamWindow}
+	s := &stream{c: c, id: id, recvWindow: streamWindow, bodyLeft: r.ContentLength}
 	s.body.s = s
 	s.rw.s = s
 	// Not a child of a connection context: closeWith cancels each stream,
@@ -337,6 +377,7 @@ func (c *conn) handleHeaders(f *http2.MetaHeadersFrame) error {
 		s.remoteClosed = true
 		s.body.eof = true
 		r.ContentLength = 0
+		s.bodyLeft = -1
 	}
 	r.Body = &s.body
 	r = r.WithContext(ctx)
@@ -345,7 +386,7 @@ func (c *conn) handleHeaders(f *http2.MetaHeadersFrame) error {
 	if c.closed { // closeWith, run meanwhile, could not cancel it
 		c.mu.Unlock()
 		cancel(errConnClosed)
-		c.unreserve()
+		c.unreserve(id)
 		return nil
 	}
 	s.sendWindow = c.peerInit
@@ -357,10 +398,18 @@ func (c *conn) handleHeaders(f *http2.MetaHeadersFrame) error {
 	return nil
 }
 
+// cutShortLocked remembers that stream id was closed before the peer ended
+// it (a few ids per connection, the most recent).
+func (c *conn) cutShortLocked(id uint32) {
+	c.cutShort[c.cutShortNext%uint8(len(c.cutShort))] = id
+	c.cutShortNext++
+}
+
 // unreserve gives back the handler slot handleHeaders took for a stream
 // that is not served after all.
-func (c *conn) unreserve() {
+func (c *conn) unreserve(id uint32) {
 	c.mu.Lock()
+	c.cutShortLocked(id)
 	c.handlers--
 	idle := c.handlers == 0
 	if idle {
@@ -460,6 +509,9 @@ func (c *conn) streamDone(s *stream) {
 	c.mu.Lock()
 	c.handlers--
 	rst := !s.reset && !s.remoteClosed
+	if rst {
+		c.cutShortLocked(s.id)
+	}
 	s.reset = true
 	c.removeLocked(s)
 	idle := c.handlers == 0
@@ -487,6 +539,9 @@ func (c *conn) resetStream(s *stream, code http2.ErrCode, err error, send bool) 
 	}
 	s.reset = true
 	s.resetErr = err
+	if !s.remoteClosed {
+		c.cutShortLocked(s.id)
+	}
 	c.removeLocked(s)
 	c.broadcastLocked()
 	c.mu.Unlock()

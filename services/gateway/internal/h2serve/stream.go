@@ -21,6 +21,7 @@ type stream struct {
 	sendWindow   int32
 	recvWindow   int32
 	unacked      int32
+	bodyLeft     int64 // DATA bytes the request's content-length still announces (-1: none declared)
 	remoteClosed bool  // END_STREAM received
 	reset        bool  // no longer open: reset, done, or connection closed
 	resetErr     error // why writes fail (nil after a clean finish)
