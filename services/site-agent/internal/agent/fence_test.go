@@ -111,7 +111,7 @@ func TestStartUpRefusesBrokenOrdering(t *testing.T) {
 	parse := func(args ...string) error {
 		var c Config
 		fs := flag.NewFlagSet("t", flag.ContinueOnError)
-		c.RegisterFlags(fs)
+		c.RegisterFlags("", fs)
 		require.NoError(t, fs.Parse(append([]string{"--node-id", "a1", "--node-credential", "x", "--site-id", "s1",
 			"--dhcp.server-ip", "10.0.0.2", "--cache.dir", t.TempDir()}, args...)))
 		return c.Resolve()
