@@ -224,7 +224,7 @@ BENCH_HAPROXY = command -v haproxy >/dev/null 2>&1 || { apt-get update -qq && ap
 bench-failover:
 	@$(BENCH_HAPROXY)
 	@mkdir -p $(BENCH_RESULTS)
-	cd bench && go run ./cmd/multigateway -scenario kill -nodes $(BENCH_NODES) -json $(BENCH_RESULTS)/multigateway-kill-$(BENCH_NODES).json
+	cd bench && go run ./multi-gateway -scenario kill -nodes $(BENCH_NODES) -json $(BENCH_RESULTS)/multigateway-kill-$(BENCH_NODES).json
 	cd bench && go run ./cmd/leasefailover -runs $(BENCH_RUNS) -json $(BENCH_RESULTS)/leasefailover.json
 
 ## bench-dbfailover: PostgreSQL's own faults under load (45 s outage, fast restart, promotion of a
@@ -246,7 +246,7 @@ bench-throughput:
 ## demo: PostgreSQL, the whole control plane, 300 simulated nodes; kills a gateway and shows the recovery live
 demo:
 	@$(BENCH_HAPROXY)
-	cd bench && go run ./cmd/multigateway -scenario kill -nodes 300 -site-agents 2 -warmup 10s -observe 20s -rate 20 -progress
+	cd bench && go run ./multi-gateway -scenario kill -nodes 300 -site-agents 2 -warmup 10s -observe 20s -rate 20 -progress
 
 ## check-modules: every module builds and vets on its own (GOWORK=off), through its replace directives
 check-modules:

@@ -3,7 +3,7 @@
 // JSON and exits non-zero when a gate fails; docs/high-availability.md
 // quotes their results.
 //
-//   - cmd/multigateway: fleet simulator. Three gateways behind HAProxy, the
+//   - multi-gateway: fleet simulator. Three gateways behind HAProxy, the
 //     worker, scheduler and api, real PostgreSQL and N simulated daemons
 //     with commands flowing; -scenario kill|zombie|drain, -nodes N.
 //   - cmd/leasefailover: crash, pause and SIGTERM takeover of a worker's

@@ -26,6 +26,7 @@ require (
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/kr/text v0.2.0 // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/mfridman/interpolate v0.2.0 // indirect
 	github.com/moby/docker-image-spec v1.3.1 // indirect
@@ -83,7 +84,6 @@ require (
 	github.com/exaring/otelpgx v0.13.0
 	github.com/grafana/dskit v0.0.0-20260703122047-de1ec7541c44
 	github.com/jackc/pgx/v5 v5.13.0
-	github.com/jackc/pgxlisten v0.0.0-20250802141604-12b92425684c
 	github.com/jonboulle/clockwork v0.5.0
 	github.com/leasehold/leasehold/migrations v0.0.0
 	github.com/ory/dockertest/v3 v3.12.0

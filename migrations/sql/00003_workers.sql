@@ -1,6 +1,6 @@
 -- +goose Up
 -- Membership rows. id is "<worker>" for the controllers group and
--- "scheduler/<worker>" for the scheduler group (DESIGN.md section 5).
+-- "scheduler/<worker>" for the scheduler group (docs/design.md#membership).
 CREATE TABLE workers (
     id            text        PRIMARY KEY CHECK (length(id) BETWEEN 1 AND 200),
     member_group  text        NOT NULL DEFAULT 'controllers',

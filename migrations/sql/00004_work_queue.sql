@@ -1,5 +1,5 @@
 -- +goose Up
--- The work queue of sharded reconcilers (DESIGN.md section 6). A key is claimed
+-- The work queue of sharded reconcilers (docs/design.md#work-queue). A key is claimed
 -- only by the holder of its shard's lease; a run deletes it only at the
 -- generation it claimed, so an enqueue during a run is never lost.
 CREATE TABLE work_queue (

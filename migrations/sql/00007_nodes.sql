@@ -1,6 +1,6 @@
 -- +goose Up
 -- Registered nodes (compute nodes and site agents) and their credentials
--- (DESIGN.md sections 8 and 11). A credential is a high-entropy random token
+-- (docs/design.md#gateways and #observability). A credential is a high-entropy random token
 -- returned once at registration; only its SHA-256 is stored, and gateways
 -- compare hashes in constant time. A node may have several live credentials
 -- during a rotation; revoking sets revoked_at.

@@ -1,5 +1,5 @@
 -- +goose Up
--- Node sessions and commands (DESIGN.md section 8). node_sessions routes a
+-- Node sessions and commands (docs/design.md#gateways). node_sessions routes a
 -- node to the gateway that holds its stream: every Hello bumps session_epoch,
 -- and every routing or liveness write carries AND session_epoch = <mine>, so a
 -- gateway whose node said Hello elsewhere matches no row (a zombie session).
@@ -47,6 +47,8 @@ CREATE INDEX commands_in_flight_idx ON commands (node_id) WHERE state IN ('dispa
 -- Inserting a command wakes the gateways' dispatchers at once; the payload is
 -- the node id so a gateway looks only at its own sessions. Dispatch still
 -- polls when notifications are unavailable (PgBouncer transaction mode).
+-- The channel name must match pgnotify.Commands (pkg/pgnotify/channels.go;
+-- TestChannelsMatchMigrations checks it).
 -- +goose StatementBegin
 CREATE FUNCTION commands_notify() RETURNS trigger
 LANGUAGE plpgsql AS $$

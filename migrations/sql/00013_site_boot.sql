@@ -1,5 +1,5 @@
 -- +goose Up
--- Site boot (DESIGN.md section 9) and NodeSpecUpdate delivery.
+-- Site boot (docs/design.md#site-agents) and NodeSpecUpdate delivery.
 --
 -- nodes.spec_version rises on every change of spec, so a gateway knows which
 -- spec each of its sessions last received and pushes NodeSpecUpdate only for
@@ -22,6 +22,8 @@ END $$;
 CREATE TRIGGER nodes_spec_version BEFORE UPDATE OF spec ON nodes
     FOR EACH ROW EXECUTE FUNCTION nodes_spec_version();
 
+-- The channel name must match pgnotify.NodeSpec (pkg/pgnotify/channels.go;
+-- TestChannelsMatchMigrations checks it).
 -- +goose StatementBegin
 CREATE FUNCTION nodes_spec_notify() RETURNS trigger
 LANGUAGE plpgsql AS $$

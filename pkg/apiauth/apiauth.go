@@ -1,5 +1,5 @@
 // Package apiauth authenticates the bearer tokens of leasehold's operator
-// APIs and gives each one a role (DESIGN.md section 11).
+// APIs and gives each one a role (docs/design.md#observability).
 //
 // Tokens are configured as lines "role:token" or "role:sha256:<64 hex>"
 // (the SHA-256 of the token, so the configuration need not hold it in

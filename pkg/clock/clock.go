@@ -1,6 +1,6 @@
 // Package clock provides the process clocks: the real one, and a scaled one
 // that benchmarks and simulators install so a run of production durations
-// takes a fraction of the wall time (DESIGN.md section 2).
+// takes a fraction of the wall time (docs/design.md#time).
 //
 // Both are clockwork.Clock values (github.com/jonboulle/clockwork): code
 // takes a clockwork.Clock, tests use clockwork's fake clock, and a scaled

@@ -20,12 +20,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/leasehold/leasehold/pkg/pgnotify"
 )
 
 // Channel is the NOTIFY channel gateways LISTEN on. A payload is a
 // comma-separated list of node ids (node ids never hold a comma) or "" for
 // "look at every session".
-const Channel = "leasehold_commands"
+const Channel = pgnotify.Commands
 
 // DefaultInterval is the shortest time between two NOTIFYs of a Notifier.
 const DefaultInterval = 5 * time.Millisecond

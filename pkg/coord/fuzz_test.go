@@ -9,7 +9,7 @@ import (
 	"github.com/leasehold/leasehold/pkg/coord"
 )
 
-// nameAllowed is the lease-name alphabet of DESIGN.md section 3, written out
+// nameAllowed is the lease-name alphabet of docs/design.md#leases, written out
 // by hand so the fuzzers check ValidateName against a second implementation
 // of ^[A-Za-z0-9._:@/-]{1,200}$ rather than against its own regexp.
 func nameAllowed(name string) bool {

@@ -11,11 +11,8 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/leasehold/leasehold/pkg/pgdb"
+	"github.com/leasehold/leasehold/pkg/pgnotify"
 )
-
-// ReleaseChannel is the NOTIFY channel on which a release publishes the
-// released lease's name, so waiters act at once instead of at their next poll.
-const ReleaseChannel = "leasehold_lease_released"
 
 // Lease is one held lease as granted by the database.
 type Lease struct {
@@ -105,7 +102,7 @@ INSERT INTO leases (name, owner, epoch, expires_at)
 SELECT n, NULL, 0, '-infinity' FROM unnest($1::text[]) AS n
 ON CONFLICT (name) DO NOTHING`
 
-// acquireSQL is DESIGN.md section 3's guarded UPDATE, with the epoch rule of
+// acquireSQL is the guarded UPDATE of docs/design.md#leases, with the epoch rule of
 // epoch.go. The outer SELECT returns one row with NULLs when nothing was
 // granted, so every call samples compute_now() for clock-skew detection
 // without a second statement.
@@ -216,11 +213,11 @@ WITH released AS (
   WHERE name = ANY($1::text[]) AND owner = $2
   RETURNING name
 )
-SELECT name, pg_notify('` + ReleaseChannel + `', name) FROM released`
+SELECT name, pg_notify('` + pgnotify.LeaseReleased + `', name) FROM released`
 
 // Release gives up the names this owner holds, in one statement, so a
 // successor need not wait for the TTL, and NOTIFYs each released name on
-// ReleaseChannel. Names held by others are untouched. It returns the names
+// pgnotify.LeaseReleased. Names held by others are untouched. It returns the names
 // actually released.
 func (c *Client) Release(ctx context.Context, names ...string) ([]string, error) {
 	if len(names) == 0 {
@@ -253,7 +250,7 @@ const releaseAllSQL = `
 WITH released AS (
   UPDATE leases SET owner = NULL, expires_at = '-infinity' WHERE owner = $1 RETURNING name
 )
-SELECT name, pg_notify('` + ReleaseChannel + `', name) FROM released`
+SELECT name, pg_notify('` + pgnotify.LeaseReleased + `', name) FROM released`
 
 // ReleaseAll releases every lease this owner holds (self-release, shutdown).
 func (c *Client) ReleaseAll(ctx context.Context) ([]string, error) {

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/leasehold/leasehold/pkg/coord"
+	"github.com/leasehold/leasehold/pkg/pgnotify"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 )
 
@@ -132,7 +133,7 @@ func TestReleaseNotifies(t *testing.T) {
 	listener, err := pgx.Connect(ctx, db.DirectURL)
 	require.NoError(t, err)
 	defer listener.Close(ctx)
-	_, err = listener.Exec(ctx, "LISTEN "+coord.ReleaseChannel)
+	_, err = listener.Exec(ctx, "LISTEN "+pgnotify.LeaseReleased)
 	require.NoError(t, err)
 
 	_, ok, err := s.a.Acquire(ctx, "gateway:gw_1", time.Minute)
@@ -193,7 +194,7 @@ func countLog(t *testing.T, db *pgxpool.Pool, writer string) int {
 	return n
 }
 
-// TestFenceMakesTakeoverWait is DESIGN.md section 4: holder A's open fenced
+// TestFenceMakesTakeoverWait is docs/design.md#fencing: holder A's open fenced
 // transaction makes B's takeover wait; once A commits B takes over at
 // epoch+1; a transaction fenced at the old epoch then fails and commits
 // nothing.

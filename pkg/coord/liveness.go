@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jonboulle/clockwork"
+
+	"github.com/leasehold/leasehold/pkg/pgnotify"
 )
 
 // Liveness sessions let survivors take over a dead member in seconds instead
@@ -121,7 +123,7 @@ const releaseDeadSQL = `
 WITH released AS (
   UPDATE leases SET owner = NULL, expires_at = '-infinity' WHERE owner = $1 RETURNING name
 )
-SELECT name, pg_notify('` + ReleaseChannel + `', name) FROM released`
+SELECT name, pg_notify('` + pgnotify.LeaseReleased + `', name) FROM released`
 
 // noCap is a trust deadline that caps nothing (the TTL path alone).
 var noCap = time.Unix(1<<62, 0)

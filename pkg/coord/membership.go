@@ -26,7 +26,7 @@ type Group struct {
 	Shards bool
 }
 
-// The groups of DESIGN.md section 5.
+// The groups of docs/design.md#membership.
 var (
 	// Controllers runs the node and site reconcilers: rows "<id>", leases "shard:<n>".
 	Controllers = Group{Name: "controllers", Shards: true}
@@ -52,7 +52,7 @@ func (g Group) ShardOfLease(name string) (int, bool) {
 	return n, n >= 0 && n < NumShards
 }
 
-// Timings are the lease and membership durations of DESIGN.md section 10.
+// Timings are the lease and membership durations of docs/design.md#timings.
 type Timings struct {
 	// LeaseTTL is the shard and singleton lease TTL (15 s).
 	LeaseTTL time.Duration
@@ -64,12 +64,12 @@ type Timings struct {
 	ForgetAfter time.Duration
 }
 
-// DefaultTimings are DESIGN.md's defaults.
+// DefaultTimings are the defaults of docs/design.md#timings.
 func DefaultTimings() Timings {
 	return Timings{LeaseTTL: 15 * time.Second, Renew: 5 * time.Second, LiveWindow: 30 * time.Second, ForgetAfter: 10 * time.Minute}
 }
 
-// Validate refuses timings that break DESIGN.md's orderings, naming both values.
+// Validate refuses timings that break the orderings of docs/design.md#timings, naming both values.
 func (t Timings) Validate() error {
 	var errs []error
 	if err := ValidateTTL(t.LeaseTTL); err != nil {

@@ -37,10 +37,11 @@ type RenewerConfig struct {
 	Liveness LivenessConfig
 }
 
-// Renewer is the lease-renewal loop of one process (DESIGN.md sections 5
-// and 7): on its own timer, never inside a reconcile, it heartbeats, plans
-// the shards of each group by rendezvous hashing, releases what it no longer
-// owns and acquires or renews everything else in one statement per pass.
+// Renewer is the lease-renewal loop of one process (docs/design.md#membership
+// and #handover): on its own timer, never inside a reconcile, it heartbeats,
+// plans the shards of each group by rendezvous hashing, releases what it no
+// longer owns and acquires or renews everything else in one statement per
+// pass.
 type Renewer struct {
 	*services.BasicService
 

@@ -5,11 +5,8 @@ package coord
 
 import (
 	"context"
-	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgxlisten"
+	"github.com/leasehold/leasehold/pkg/pgnotify"
 )
 
 // NotifyMode is "listen" while LISTEN is connected and "polling" otherwise.
@@ -25,36 +22,29 @@ func (r *Renewer) setNotifyMode(m string) {
 	r.mu.Unlock()
 }
 
-// listen keeps a LISTEN connection on ReleaseChannel and triggers a pass when
-// a lease this process wants is released. pgxlisten reconnects after errors;
-// on every (re)connect a pass runs, since notifications may have been missed.
+// listen keeps a LISTEN session on pgnotify.LeaseReleased and triggers a
+// pass when a lease this process wants is released. pgnotify reconnects
+// after errors; on every (re)connect a pass runs, since notifications may
+// have been missed.
 func (r *Renewer) listen(ctx context.Context, url string) {
-	l := &pgxlisten.Listener{
-		Connect: func(ctx context.Context) (*pgx.Conn, error) {
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			defer cancel()
-			return pgx.Connect(cctx, url)
-		},
-		LogError: func(ctx context.Context, err error) {
-			r.setNotifyMode("polling")
-			if ctx.Err() == nil {
-				r.logger.Warn("LISTEN connection lost; polling until it is back", "err", err)
+	_ = pgnotify.Listen(ctx, pgnotify.Config{
+		URL: url,
+		Handlers: map[string]func(string){pgnotify.LeaseReleased: func(name string) {
+			if r.interested(name) {
+				r.Trigger("notify")
 			}
+		}},
+		OnConnect: func() {
+			r.setNotifyMode("listen")
+			r.Trigger("listen-connected")
 		},
-		ReconnectDelay: time.Second,
-	}
-	l.Handle(ReleaseChannel, releaseHandler{r})
-	_ = l.Listen(ctx)
+		OnLost: func(err error) {
+			r.setNotifyMode("polling")
+			r.logger.Warn("LISTEN connection lost; polling until it is back", "err", err)
+		},
+		Clock: r.clock,
+	})
 	r.setNotifyMode("polling")
-}
-
-type releaseHandler struct{ r *Renewer }
-
-func (h releaseHandler) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
-	if h.r.interested(n.Payload) {
-		h.r.Trigger("notify")
-	}
-	return nil
 }
 
 // interested reports whether a released lease is one this process may take:
@@ -70,11 +60,4 @@ func (r *Renewer) interested(name string) bool {
 		return !held
 	}
 	return false
-}
-
-// HandleBacklog runs on every (re)connect of the LISTEN connection.
-func (h releaseHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
-	h.r.setNotifyMode("listen")
-	h.r.Trigger("listen-connected")
-	return nil
 }

@@ -7,7 +7,7 @@ import (
 )
 
 // DefaultSkewThreshold is the process-vs-database clock offset past which a
-// process raises ClockSkew (DESIGN.md section 2).
+// process raises ClockSkew (docs/design.md#time).
 const DefaultSkewThreshold = time.Second
 
 // SkewDetector keeps the latest clock-skew sample from lease statements and

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Limits of lease names and TTLs (DESIGN.md section 3).
+// Limits of lease names and TTLs (docs/design.md#leases).
 const (
 	MaxNameLen = 200
 	MinTTL     = time.Millisecond

@@ -1,4 +1,4 @@
-// Package daemon is the node side of a session (DESIGN.md section 8): it
+// Package daemon is the node side of a session (docs/design.md#gateways): it
 // dials a gateway through its balancer address over HTTP/2 (h2c or TLS),
 // says Hello with the node's credential and the commands its journal has in
 // flight, heartbeats, executes commands at most once through a Journal,

@@ -2,7 +2,7 @@ package health
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// Role is a process's standing for the thing it leads (DESIGN.md section 11).
+// Role is a process's standing for the thing it leads (docs/design.md#observability).
 type Role int
 
 // Role values exported on leasehold_role.

@@ -1,5 +1,5 @@
 // Package nodeauth registers nodes and verifies the per-node credential a
-// daemon presents on Hello (DESIGN.md sections 8 and 11).
+// daemon presents on Hello (docs/design.md#gateways and #observability).
 //
 // A credential is 32 random bytes, base64url-encoded behind the prefix
 // "lhn_", returned once at registration. The database keeps only its

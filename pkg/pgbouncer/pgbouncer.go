@@ -1,6 +1,6 @@
 // Package pgbouncer runs a real PgBouncer process in transaction mode in
 // front of a PostgreSQL server, for tests that prove leasehold is safe behind
-// a transaction pooler (DESIGN.md section 12).
+// a transaction pooler (docs/design.md#tests).
 //
 // Every database of the server is reachable through one wildcard entry
 // (`* = host=… port=…`), so databases created after the start (one per test)

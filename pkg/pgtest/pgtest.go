@@ -11,7 +11,7 @@
 //
 // With LEASEHOLD_TEST_PGBOUNCER set, a real PgBouncer in transaction mode
 // (pkg/pgbouncer) stands in front of the server and every DB's URL and Pool
-// go through it (DESIGN.md section 12):
+// go through it (docs/design.md#tests):
 //
 //	LEASEHOLD_TEST_PGBOUNCER=1         DB.DirectURL is the direct URL, for LISTEN
 //	LEASEHOLD_TEST_PGBOUNCER=nolisten  DB.DirectURL is empty: notifications off, all polls

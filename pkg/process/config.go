@@ -53,29 +53,29 @@ type Config struct {
 	// ShutdownTimeout bounds a graceful stop.
 	ShutdownTimeout time.Duration
 	// ClockRate and ClockEpoch install a scaled clock (benches and
-	// simulators only, DESIGN.md section 2): simulated time runs ClockRate
+	// simulators only, docs/design.md#time): simulated time runs ClockRate
 	// times faster than wall time from ClockEpoch (RFC 3339). Rate 1 is the
 	// real clock.
 	ClockRate  float64
 	ClockEpoch string
 }
 
-// RegisterFlags registers the common flags on fs with the service's
-// default health address.
-func (c *Config) RegisterFlags(fs *flag.FlagSet, defaultHTTPAddr string) {
-	fs.StringVar(&c.DatabaseURL, "database-url", "", "PostgreSQL URL (env LEASEHOLD_DATABASE_URL)")
-	fs.StringVar(&c.ListenURL, "listen-database-url", "", "direct PostgreSQL URL for LISTEN when --database-url goes through a transaction pooler")
-	fs.BoolVar(&c.Pooler, "pooler", false, "--database-url goes through PgBouncer in transaction mode")
-	fs.IntVar(&c.MaxConns, "db-max-conns", 10, "maximum connections in the pool")
-	fs.StringVar(&c.HTTPAddr, "http-addr", defaultHTTPAddr, "address of /livez, /readyz, /healthz/detail and /metrics")
-	fs.StringVar(&c.HealthToken, "health-token", "", "bearer token for /healthz/detail (empty disables it)")
-	fs.BoolVar(&c.Migrate, "migrate", false, "apply pending database migrations at start")
-	fs.StringVar(&c.ID, "id", "", "process id used as lease owner (default: generated)")
-	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
-	fs.StringVar(&c.LogFormat, "log-format", "json", "log format: json or text")
-	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 90*time.Second, "how long a graceful stop may take")
-	fs.Float64Var(&c.ClockRate, "clock.rate", 1, "benches only: run timers this many times faster than wall time (the database's compute_now() must be scaled alike: pkg/clock.InstallSQL)")
-	fs.StringVar(&c.ClockEpoch, "clock.epoch", "", "benches only: RFC 3339 instant at which the scaled and wall clocks agree (needed with --clock.rate > 1)")
+// RegisterFlags registers the common flags on f, each name under prefix;
+// --http-addr defaults to c.HTTPAddr (the service's health address).
+func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
+	f.StringVar(&c.DatabaseURL, prefix+"database-url", "", "PostgreSQL URL (env LEASEHOLD_DATABASE_URL)")
+	f.StringVar(&c.ListenURL, prefix+"listen-database-url", "", "direct PostgreSQL URL for LISTEN when --database-url goes through a transaction pooler")
+	f.BoolVar(&c.Pooler, prefix+"pooler", false, "--database-url goes through PgBouncer in transaction mode")
+	f.IntVar(&c.MaxConns, prefix+"db-max-conns", 10, "maximum connections in the pool")
+	f.StringVar(&c.HTTPAddr, prefix+"http-addr", c.HTTPAddr, "address of /livez, /readyz, /healthz/detail and /metrics")
+	f.StringVar(&c.HealthToken, prefix+"health-token", "", "bearer token for /healthz/detail (empty disables it)")
+	f.BoolVar(&c.Migrate, prefix+"migrate", false, "apply pending database migrations at start")
+	f.StringVar(&c.ID, prefix+"id", "", "process id used as lease owner (default: generated)")
+	f.StringVar(&c.LogLevel, prefix+"log-level", "info", "log level: debug, info, warn, error")
+	f.StringVar(&c.LogFormat, prefix+"log-format", "json", "log format: json or text")
+	f.DurationVar(&c.ShutdownTimeout, prefix+"shutdown-timeout", 90*time.Second, "how long a graceful stop may take")
+	f.Float64Var(&c.ClockRate, prefix+"clock.rate", 1, "benches only: run timers this many times faster than wall time (the database's compute_now() must be scaled alike: pkg/clock.InstallSQL)")
+	f.StringVar(&c.ClockEpoch, prefix+"clock.epoch", "", "benches only: RFC 3339 instant at which the scaled and wall clocks agree (needed with --clock.rate > 1)")
 }
 
 // Scale is the clock scale of --clock.rate and --clock.epoch (rate 1: the

@@ -10,6 +10,7 @@ import (
 func newFlagSet(cfg *process.Config) *flag.FlagSet {
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	cfg.RegisterFlags(fs, "127.0.0.1:0")
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.RegisterFlags("", fs)
 	return fs
 }

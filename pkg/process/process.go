@@ -75,10 +75,10 @@ func Main(spec Spec) {
 
 // Run is Main without the exit, for tests.
 func Run(ctx context.Context, spec Spec, args []string, stderr *os.File) int {
-	var cfg Config
+	cfg := Config{HTTPAddr: spec.HTTPAddr}
 	fs := flag.NewFlagSet(spec.Name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	cfg.RegisterFlags(fs, spec.HTTPAddr)
+	cfg.RegisterFlags("", fs)
 	showVersion := RegisterVersionFlag(fs)
 	if spec.Flags != nil {
 		spec.Flags(fs)

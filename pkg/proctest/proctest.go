@@ -7,7 +7,6 @@ package proctest
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -62,31 +61,37 @@ func Build(t testing.TB, dir string) string {
 // -race writes it to stderr and carries on).
 const raceReport = "WARNING: DATA RACE"
 
-// Proc is a running process.
+// Proc is a running process under a test: a Child whose failures fail the
+// test, killed when the test ends.
 type Proc struct {
+	*Child
 	t    testing.TB
-	Name string
-	Cmd  *exec.Cmd
-	// HTTPAddr is the health address given with --http-addr, if any.
-	HTTPAddr string
-	logs     *Buffer
-	done     chan struct{}
-	waitErr  error
+	logs *Buffer
 }
 
 // Buffer collects a process's or logger's output while a test reads it: a
-// bytes.Buffer safe for one writer and concurrent readers.
+// bytes.Buffer safe for one writer and concurrent readers. With Max set it
+// keeps only the last Max bytes.
 type Buffer struct {
+	// Max bounds what is kept (0: everything).
+	Max int
+
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
+// Write appends p, dropping the oldest bytes beyond Max.
 func (b *Buffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.buf.Write(p)
+	n, err := b.buf.Write(p)
+	if over := b.buf.Len() - b.Max; b.Max > 0 && over > 0 {
+		b.buf.Next(over)
+	}
+	return n, err
 }
 
+// String returns what is kept.
 func (b *Buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -97,26 +102,16 @@ func (b *Buffer) String() string {
 // when the test ends if it is still running; its output is logged on failure.
 func Start(t testing.TB, name, bin string, env []string, args ...string) *Proc {
 	t.Helper()
-	p := &Proc{t: t, Name: name, logs: &Buffer{}, done: make(chan struct{})}
-	for i, a := range args {
-		if a == "--http-addr" && i+1 < len(args) {
-			p.HTTPAddr = args[i+1]
-		}
+	logs := &Buffer{}
+	c, err := StartChild(name, bin, args, ChildOptions{Env: env, Output: logs})
+	if err != nil {
+		t.Fatalf("proctest: %v", err)
 	}
-	p.Cmd = exec.Command(bin, args...)
-	p.Cmd.Env = append(os.Environ(), env...)
-	p.Cmd.Stdout, p.Cmd.Stderr = p.logs, p.logs
-	if err := p.Cmd.Start(); err != nil {
-		t.Fatalf("proctest: start %s: %v", name, err)
-	}
-	go func() {
-		p.waitErr = p.Cmd.Wait()
-		close(p.done)
-	}()
+	p := &Proc{Child: c, t: t, logs: logs}
 	t.Cleanup(func() {
-		_ = p.Cmd.Process.Signal(syscall.SIGCONT)
-		_ = p.Cmd.Process.Kill()
-		<-p.done
+		_ = c.Cmd.Process.Signal(syscall.SIGCONT)
+		_ = c.Cmd.Process.Kill()
+		<-c.Done()
 		if strings.Contains(p.Logs(), raceReport) {
 			t.Errorf("%s: the race detector reported a data race", name)
 		}
@@ -133,55 +128,21 @@ func (p *Proc) Logs() string { return p.logs.String() }
 // WaitReady polls /readyz until it answers 200.
 func (p *Proc) WaitReady(timeout time.Duration) {
 	p.t.Helper()
-	p.waitStatus("/readyz", http.StatusOK, timeout)
-}
-
-func (p *Proc) waitStatus(path string, want int, timeout time.Duration) {
-	p.t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last string
-	for time.Now().Before(deadline) {
-		select {
-		case <-p.done:
-			p.t.Fatalf("%s exited while waiting for %s: %v\n%s", p.Name, path, p.waitErr, p.Logs())
-		default:
-		}
-		code, body, err := p.Get(path, "")
-		if err == nil && code == want {
-			return
-		}
-		last = fmt.Sprintf("%d %s %v", code, strings.TrimSpace(body), err)
-		time.Sleep(50 * time.Millisecond)
+	if err := p.AwaitStatus(context.Background(), "/readyz", http.StatusOK, timeout); err != nil {
+		p.t.Fatalf("%v\n%s", err, p.Logs())
 	}
-	p.t.Fatalf("%s: %s did not answer %d within %s (last: %s)\n%s", p.Name, path, want, timeout, last, p.Logs())
 }
 
 // Get fetches path from the health server with an optional bearer token.
 func (p *Proc) Get(path, token string) (int, string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.HTTPAddr+path, nil)
-	if err != nil {
-		return 0, "", err
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	var b bytes.Buffer
-	_, _ = b.ReadFrom(resp.Body)
-	return resp.StatusCode, b.String(), nil
+	return p.Fetch(context.Background(), path, token)
 }
 
 // Signal sends sig to the process.
 func (p *Proc) Signal(sig syscall.Signal) {
 	p.t.Helper()
-	if err := p.Cmd.Process.Signal(sig); err != nil {
-		p.t.Fatalf("proctest: signal %s to %s: %v", sig, p.Name, err)
+	if err := p.SendSignal(sig); err != nil {
+		p.t.Fatalf("proctest: %v", err)
 	}
 }
 
@@ -192,29 +153,15 @@ func (p *Proc) Resume() { p.Signal(syscall.SIGCONT) }
 // Kill sends SIGKILL and waits for the exit.
 func (p *Proc) Kill() {
 	p.Signal(syscall.SIGKILL)
-	<-p.done
+	<-p.Done()
 }
 
 // Wait waits up to timeout for the process to exit and returns its exit code.
 func (p *Proc) Wait(timeout time.Duration) int {
 	p.t.Helper()
-	select {
-	case <-p.done:
-	case <-time.After(timeout):
+	code, ok := p.WaitExit(timeout)
+	if !ok {
 		p.t.Fatalf("%s did not exit within %s\n%s", p.Name, timeout, p.Logs())
 	}
-	if p.Cmd.ProcessState == nil {
-		return -1
-	}
-	return p.Cmd.ProcessState.ExitCode()
-}
-
-// Exited reports whether the process has exited.
-func (p *Proc) Exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
+	return code
 }

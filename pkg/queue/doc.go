@@ -1,6 +1,6 @@
-// Package queue is the work queue of sharded reconcilers (DESIGN.md section
-// 6): one row per (reconciler, key) in work_queue, sharded by
-// coord.ShardOf(key) onto the 256 shard leases.
+// Package queue is the work queue of sharded reconcilers
+// (docs/design.md#work-queue): one row per (reconciler, key) in work_queue,
+// sharded by coord.ShardOf(key) onto the 256 shard leases.
 //
 // # Life of a key
 //
@@ -47,7 +47,7 @@
 // Fail act only on the exact claim they were given (owner and
 // claimed_until), so a run that outlived its claim cannot delete or re-arm a
 // key someone else is running. claimTTL must exceed the longest reconcile
-// (DESIGN.md section 10). On shutdown, ReleaseClaims hands claims back at
+// (docs/design.md#timings). On shutdown, ReleaseClaims hands claims back at
 // once.
 //
 // # Failures and attempts

@@ -41,7 +41,7 @@ type Config struct {
 	LivenessTimings coord.LivenessConfig
 }
 
-// DefaultConfig is DESIGN.md's defaults.
+// DefaultConfig is the defaults of docs/design.md#timings.
 func DefaultConfig() Config {
 	return Config{
 		Timings:          coord.DefaultTimings(),

@@ -1,5 +1,5 @@
 // Package reconcile is the runtime that runs a process's sharded reconcilers
-// and singleton jobs on top of coord's leases (DESIGN.md sections 5-7).
+// and singleton jobs on top of coord's leases (docs/design.md#membership to #handover).
 //
 // A sharded reconciler claims due keys of the work queue only in the shards
 // whose leases its process holds, and runs each key in a transaction fenced

@@ -30,7 +30,7 @@ func main() {
 		HTTPAddr: "127.0.0.1:9104",
 		IDPrefix: "api_",
 		Flags: func(fs *flag.FlagSet) {
-			cfg.RegisterFlags(fs)
+			cfg.RegisterFlags("", fs)
 			cfg.Tokens = os.Getenv(api.TokensEnv)
 		},
 		Validate: cfg.Validate,

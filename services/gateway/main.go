@@ -23,7 +23,7 @@ func main() {
 		Name:     "gateway",
 		HTTPAddr: "127.0.0.1:9103",
 		IDPrefix: "gw_",
-		Flags:    func(fs *flag.FlagSet) { cfg.RegisterFlags(fs) },
+		Flags:    func(fs *flag.FlagSet) { cfg.RegisterFlags("", fs) },
 		Validate: cfg.Validate,
 		Build: func(ctx context.Context, p *process.Process) ([]services.Service, error) {
 			g, err := gateway.New(cfg, gateway.Deps{

@@ -36,7 +36,7 @@ func main() {
 		shutdownTimeout                time.Duration
 	)
 	fs := flag.NewFlagSet("site-agent", flag.ContinueOnError)
-	cfg.RegisterFlags(fs)
+	cfg.RegisterFlags("", fs)
 	fs.StringVar(&httpAddr, "http-addr", "127.0.0.1:9105", "address of /livez, /readyz, /healthz/detail and /metrics")
 	fs.StringVar(&token, "health-token", "", "bearer token for /healthz/detail (empty disables it)")
 	fs.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")

@@ -12,13 +12,13 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/leasehold/leasehold/pkg/proctest"
 )
 
 // Supervisor owns child processes and kills them all on Stop.
@@ -32,15 +32,11 @@ type Supervisor struct {
 
 // Proc is a running child process.
 type Proc struct {
-	Name string
-	Cmd  *exec.Cmd
-	// HTTPAddr is the value of --http-addr, if given.
-	HTTPAddr string
-	LogPath  string
+	*proctest.Child
+	// LogPath is the file holding its output, when the supervisor has a LogDir.
+	LogPath string
 
-	done    chan struct{}
-	waitErr error
-	tail    *tailBuffer
+	tail *proctest.Buffer
 }
 
 // Start runs bin with args in its own process group. It dies with the bench.
@@ -51,47 +47,30 @@ func (s *Supervisor) Start(name, bin string, env []string, args ...string) (*Pro
 // StartLines is Start with onLine called for every line the process
 // writes to stdout, as it is written.
 func (s *Supervisor) StartLines(name, bin string, env []string, onLine func(string), args ...string) (*Proc, error) {
-	p := &Proc{Name: name, done: make(chan struct{}), tail: &tailBuffer{max: 32 << 10}}
-	for i, a := range args {
-		if (a == "--http-addr" || a == "-http-addr") && i+1 < len(args) {
-			p.HTTPAddr = args[i+1]
-		}
-	}
-	var out io.Writer = p.tail
-	var logFile *os.File
+	p := &Proc{tail: &proctest.Buffer{Max: 32 << 10}}
+	opts := proctest.ChildOptions{Env: env, Output: p.tail, OwnGroup: true}
 	if s.LogDir != "" {
 		p.LogPath = filepath.Join(s.LogDir, name+".log")
 		f, err := os.Create(p.LogPath)
 		if err != nil {
 			return nil, err
 		}
-		logFile = f
-		out = io.MultiWriter(f, p.tail)
+		opts.Output = io.MultiWriter(f, p.tail)
+		opts.OnExit = func() { f.Close() }
+		defer func() {
+			if p.Child == nil {
+				f.Close()
+			}
+		}()
 	}
-	p.Cmd = exec.Command(bin, args...)
-	p.Cmd.Env = append(os.Environ(), env...)
-	p.Cmd.Stdout, p.Cmd.Stderr = out, out
 	if onLine != nil {
-		p.Cmd.Stdout = io.MultiWriter(out, &lineWriter{fn: onLine})
+		opts.Stdout = &lineWriter{fn: onLine}
 	}
-	p.Cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	// Pdeathsig fires when the thread that forked exits: keep it alive.
-	runtime.LockOSThread()
-	err := p.Cmd.Start()
-	runtime.UnlockOSThread()
+	c, err := proctest.StartChild(name, bin, args, opts)
 	if err != nil {
-		if logFile != nil {
-			logFile.Close()
-		}
-		return nil, fmt.Errorf("start %s: %w", name, err)
+		return nil, err
 	}
-	go func() {
-		p.waitErr = p.Cmd.Wait() // also waits for the output copies
-		if logFile != nil {
-			logFile.Close()
-		}
-		close(p.done)
-	}()
+	p.Child = c
 	s.mu.Lock()
 	s.procs = append(s.procs, p)
 	s.mu.Unlock()
@@ -107,124 +86,43 @@ func (s *Supervisor) Stop() {
 	s.mu.Unlock()
 	for _, p := range procs {
 		if !p.Exited() {
-			_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGCONT)
-			_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
+			p.KillGroup()
 		}
 	}
 	for _, p := range procs {
 		select {
-		case <-p.done:
+		case <-p.Done():
 		case <-time.After(10 * time.Second):
 		}
 	}
 }
 
 // Signal sends sig to the process.
-func (p *Proc) Signal(sig syscall.Signal) error {
-	if err := p.Cmd.Process.Signal(sig); err != nil {
-		return fmt.Errorf("signal %s to %s: %w", sig, p.Name, err)
-	}
-	return nil
-}
+func (p *Proc) Signal(sig syscall.Signal) error { return p.SendSignal(sig) }
 
 // Kill sends SIGKILL and waits for the exit.
 func (p *Proc) Kill() {
-	_ = p.Cmd.Process.Signal(syscall.SIGKILL)
-	<-p.done
-}
-
-// Exited reports whether the process has exited.
-func (p *Proc) Exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// Done is closed when the process has exited.
-func (p *Proc) Done() <-chan struct{} { return p.done }
-
-// ExitCode is the exit code once exited (-1 for a signal or still running).
-func (p *Proc) ExitCode() int {
-	if !p.Exited() || p.Cmd.ProcessState == nil {
-		return -1
-	}
-	return p.Cmd.ProcessState.ExitCode()
+	_ = p.SendSignal(syscall.SIGKILL)
+	<-p.Done()
 }
 
 // Wait waits up to timeout for the exit and returns the exit code.
-func (p *Proc) Wait(timeout time.Duration) (int, bool) {
-	select {
-	case <-p.done:
-		return p.ExitCode(), true
-	case <-time.After(timeout):
-		return -1, false
-	}
-}
+func (p *Proc) Wait(timeout time.Duration) (int, bool) { return p.WaitExit(timeout) }
 
 // Tail returns the last output of the process.
 func (p *Proc) Tail() string { return p.tail.String() }
 
 // Get fetches path from the process's --http-addr.
 func (p *Proc) Get(ctx context.Context, path string) (int, string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.HTTPAddr+path, nil)
-	if err != nil {
-		return 0, "", err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), nil
+	return p.Fetch(ctx, path, "")
 }
 
 // WaitReady polls /readyz until it answers 200.
 func (p *Proc) WaitReady(ctx context.Context, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		if p.Exited() {
-			return fmt.Errorf("%s exited (%v) before it was ready:\n%s", p.Name, p.waitErr, p.Tail())
-		}
-		if code, _, err := p.Get(ctx, "/readyz"); err == nil && code == http.StatusOK {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready within %s:\n%s", p.Name, timeout, p.Tail())
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
+	if err := p.AwaitStatus(ctx, "/readyz", http.StatusOK, timeout); err != nil {
+		return fmt.Errorf("%w:\n%s", err, p.Tail())
 	}
-}
-
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	buf bytes.Buffer
-}
-
-func (b *tailBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.buf.Write(p)
-	if over := b.buf.Len() - b.max; over > 0 {
-		b.buf.Next(over)
-	}
-	return len(p), nil
-}
-
-func (b *tailBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	return nil
 }
 
 // SignalContext is cancelled on SIGINT or SIGTERM; a second signal exits at

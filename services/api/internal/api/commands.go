@@ -172,35 +172,20 @@ func (h *Handler) ListCommands(ctx context.Context, req *connect.Request[control
 	if err := checkEnum("state", m.GetState(), controlv1.CommandState_name, true); err != nil {
 		return nil, err
 	}
-	after, err := decodePage(method, m.GetPageToken())
+	p, err := openPage(method, m.GetPageSize(), m.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
-	afterAt := after.after()
-	size := pageSize(m.GetPageSize())
-	rows, err := h.db.Query(ctx, listCommandsSQL, afterAt, after.ID, m.GetNodeId(), dbName(commandStates, m.GetState()), size+1)
+	rows, err := h.db.Query(ctx, listCommandsSQL, p.after.after(), p.after.ID, m.GetNodeId(), dbName(commandStates, m.GetState()), p.limit())
 	if err != nil {
 		return nil, h.fail(ctx, "list commands", err)
 	}
-	defer rows.Close()
 	resp := &controlv1.ListCommandsResponse{}
-	var (
-		lastAt       time.Time
-		payloadBytes int
-	)
-	for rows.Next() {
-		c, created, err := scanCommand(rows)
-		if err != nil {
-			return nil, h.fail(ctx, "list commands", err)
-		}
-		if n := len(resp.Commands); n == size || (n > 0 && payloadBytes+len(c.GetPayload()) > maxListPayloadBytes) {
-			resp.NextPageToken = encodePage(pageKey{Method: method, ID: resp.Commands[n-1].GetId(), At: lastAt.UnixMicro()})
-			break
-		}
-		resp.Commands = append(resp.Commands, c)
-		lastAt, payloadBytes = created, payloadBytes+len(c.GetPayload())
-	}
-	if err := rows.Err(); err != nil {
+	resp.Commands, resp.NextPageToken, err = collectPageWithin(p, rows, func(r pgx.Rows) (*controlv1.Command, pageKey, error) {
+		c, created, err := scanCommand(r)
+		return c, pageKey{ID: c.GetId(), At: created.UnixMicro()}, err
+	}, func(c *controlv1.Command) int { return len(c.GetPayload()) }, maxListPayloadBytes)
+	if err != nil {
 		return nil, h.fail(ctx, "list commands", err)
 	}
 	return connect.NewResponse(resp), nil

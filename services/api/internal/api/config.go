@@ -51,20 +51,20 @@ type Config struct {
 	ReloadInterval time.Duration
 }
 
-// RegisterFlags registers the api flags on fs.
-func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.ListenAddr, "listen-addr", "127.0.0.1:8080", "address of ControlService (Connect, gRPC and gRPC-Web; HTTP/1.1 and h2c, or TLS)")
-	fs.StringVar(&c.TokensFile, "tokens-file", "", "file of API tokens, one \"role:token\" or \"role:sha256:<hex>\" per line (also "+TokensEnv+")")
-	fs.StringVar(&c.TLSCert, "api.tls-cert", "", "TLS certificate of --listen-addr (PEM); with --api.tls-key")
-	fs.StringVar(&c.TLSKey, "api.tls-key", "", "TLS key of --listen-addr (PEM)")
-	fs.IntVar(&c.MaxMessageBytes, "api.max-message-bytes", 4<<20, "largest request message accepted")
-	fs.DurationVar(&c.DefaultCommandTimeout, "api.default-command-timeout", time.Hour, "life of a command created without deadline or timeout")
-	fs.DurationVar(&c.WaitPollInterval, "api.wait-poll-interval", time.Second, "how often WaitCommand checks for finished commands when no notification comes (gateways NOTIFY when they finish commands)")
-	fs.DurationVar(&c.ShutdownGrace, "api.shutdown-grace", 10*time.Second, "how long in-flight calls may finish on SIGTERM")
+// RegisterFlags registers the api flags on f, each name under prefix.
+func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
+	f.StringVar(&c.ListenAddr, prefix+"listen-addr", "127.0.0.1:8080", "address of ControlService (Connect, gRPC and gRPC-Web; HTTP/1.1 and h2c, or TLS)")
+	f.StringVar(&c.TokensFile, prefix+"tokens-file", "", "file of API tokens, one \"role:token\" or \"role:sha256:<hex>\" per line (also "+TokensEnv+")")
+	f.StringVar(&c.TLSCert, prefix+"api.tls-cert", "", "TLS certificate of --listen-addr (PEM); with --api.tls-key")
+	f.StringVar(&c.TLSKey, prefix+"api.tls-key", "", "TLS key of --listen-addr (PEM)")
+	f.IntVar(&c.MaxMessageBytes, prefix+"api.max-message-bytes", 4<<20, "largest request message accepted")
+	f.DurationVar(&c.DefaultCommandTimeout, prefix+"api.default-command-timeout", time.Hour, "life of a command created without deadline or timeout")
+	f.DurationVar(&c.WaitPollInterval, prefix+"api.wait-poll-interval", time.Second, "how often WaitCommand checks for finished commands when no notification comes (gateways NOTIFY when they finish commands)")
+	f.DurationVar(&c.ShutdownGrace, prefix+"api.shutdown-grace", 10*time.Second, "how long in-flight calls may finish on SIGTERM")
 	c.SinkEgress.LoopbackFlag, c.SinkEgress.PrivateFlag = "--api.sink-allow-loopback", "--api.sink-allow-private"
-	fs.BoolVar(&c.SinkEgress.AllowLoopback, "api.sink-allow-loopback", false, "accept sink URLs on loopback (tests and single-machine development only)")
-	fs.BoolVar(&c.SinkEgress.AllowPrivate, "api.sink-allow-private", false, "accept sink URLs on private addresses (RFC 1918, 100.64.0.0/10, fc00::/7); metadata and link-local stay refused")
-	fs.DurationVar(&c.ReloadInterval, "api.reload-interval", 10*time.Second, "how often --tokens-file, --api.tls-cert and --api.tls-key are re-read (a change applies without restart)")
+	f.BoolVar(&c.SinkEgress.AllowLoopback, prefix+"api.sink-allow-loopback", false, "accept sink URLs on loopback (tests and single-machine development only)")
+	f.BoolVar(&c.SinkEgress.AllowPrivate, prefix+"api.sink-allow-private", false, "accept sink URLs on private addresses (RFC 1918, 100.64.0.0/10, fc00::/7); metadata and link-local stay refused")
+	f.DurationVar(&c.ReloadInterval, prefix+"api.reload-interval", 10*time.Second, "how often --tokens-file, --api.tls-cert and --api.tls-key are re-read (a change applies without restart)")
 }
 
 // Validate checks the configuration, naming the offending flag, and loads

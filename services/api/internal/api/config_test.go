@@ -12,7 +12,7 @@ func TestConfigValidateNamesFlags(t *testing.T) {
 	t.Parallel()
 	var c Config
 	fs := flag.NewFlagSet("api", flag.ContinueOnError)
-	c.RegisterFlags(fs)
+	c.RegisterFlags("", fs)
 	require.NoError(t, fs.Parse(nil))
 	require.ErrorContains(t, c.Validate(), "no API tokens")
 	c.Tokens = "viewer:" + viewerToken

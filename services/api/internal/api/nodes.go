@@ -160,29 +160,20 @@ func (h *Handler) ListNodes(ctx context.Context, req *connect.Request[controlv1.
 	if err := checkOptionalRE("pool_id", m.GetPoolId(), idRE); err != nil {
 		return nil, err
 	}
-	after, err := decodePage(method, m.GetPageToken())
+	p, err := openPage(method, m.GetPageSize(), m.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
-	size := pageSize(m.GetPageSize())
-	rows, err := h.db.Query(ctx, listNodesSQL, after.ID, dbName(nodeStates, m.GetState()), m.GetPoolId(), size+1)
+	rows, err := h.db.Query(ctx, listNodesSQL, p.after.ID, dbName(nodeStates, m.GetState()), m.GetPoolId(), p.limit())
 	if err != nil {
 		return nil, h.fail(ctx, "list nodes", err)
 	}
-	defer rows.Close()
 	resp := &controlv1.ListNodesResponse{}
-	for rows.Next() {
-		n, err := scanNode(rows)
-		if err != nil {
-			return nil, h.fail(ctx, "list nodes", err)
-		}
-		if len(resp.Nodes) == size {
-			resp.NextPageToken = encodePage(pageKey{Method: method, ID: resp.Nodes[size-1].GetId()})
-			break
-		}
-		resp.Nodes = append(resp.Nodes, n)
-	}
-	if err := rows.Err(); err != nil {
+	resp.Nodes, resp.NextPageToken, err = collectPage(p, rows, func(r pgx.Rows) (*controlv1.Node, pageKey, error) {
+		n, err := scanNode(r)
+		return n, pageKey{ID: n.GetId()}, err
+	})
+	if err != nil {
 		return nil, h.fail(ctx, "list nodes", err)
 	}
 	return connect.NewResponse(resp), nil

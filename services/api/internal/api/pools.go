@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5"
@@ -71,29 +70,20 @@ func (h *Handler) ListPools(ctx context.Context, req *connect.Request[controlv1.
 	if err := checkPage(m.GetPageSize(), m.GetPageToken()); err != nil {
 		return nil, err
 	}
-	after, err := decodePage(method, m.GetPageToken())
+	p, err := openPage(method, m.GetPageSize(), m.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
-	size := pageSize(m.GetPageSize())
-	rows, err := h.db.Query(ctx, listPoolsSQL, after.ID, size+1)
+	rows, err := h.db.Query(ctx, listPoolsSQL, p.after.ID, p.limit())
 	if err != nil {
 		return nil, h.fail(ctx, "list pools", err)
 	}
-	defer rows.Close()
 	resp := &controlv1.ListPoolsResponse{}
-	for rows.Next() {
-		p, err := scanPool(rows)
-		if err != nil {
-			return nil, h.fail(ctx, "list pools", err)
-		}
-		if len(resp.Pools) == size {
-			resp.NextPageToken = encodePage(pageKey{Method: method, ID: resp.Pools[size-1].GetId()})
-			break
-		}
-		resp.Pools = append(resp.Pools, p)
-	}
-	if err := rows.Err(); err != nil {
+	resp.Pools, resp.NextPageToken, err = collectPage(p, rows, func(r pgx.Rows) (*controlv1.Pool, pageKey, error) {
+		pool, err := scanPool(r)
+		return pool, pageKey{ID: pool.GetId()}, err
+	})
+	if err != nil {
 		return nil, h.fail(ctx, "list pools", err)
 	}
 	return connect.NewResponse(resp), nil
@@ -172,32 +162,20 @@ func (h *Handler) ListPoolLeases(ctx context.Context, req *connect.Request[contr
 	if err := checkEnum("state", m.GetState(), controlv1.PoolLeaseState_name, true); err != nil {
 		return nil, err
 	}
-	after, err := decodePage(method, m.GetPageToken())
+	p, err := openPage(method, m.GetPageSize(), m.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
-	afterAt := after.after()
-	size := pageSize(m.GetPageSize())
-	rows, err := h.db.Query(ctx, listPoolLeasesSQL, afterAt, after.ID, m.GetPoolId(), m.GetTenant(), dbName(poolLeaseStates, m.GetState()), size+1)
+	rows, err := h.db.Query(ctx, listPoolLeasesSQL, p.after.after(), p.after.ID, m.GetPoolId(), m.GetTenant(), dbName(poolLeaseStates, m.GetState()), p.limit())
 	if err != nil {
 		return nil, h.fail(ctx, "list pool leases", err)
 	}
-	defer rows.Close()
 	resp := &controlv1.ListPoolLeasesResponse{}
-	var lastAt time.Time
-	for rows.Next() {
-		l, created, err := scanPoolLease(rows)
-		if err != nil {
-			return nil, h.fail(ctx, "list pool leases", err)
-		}
-		if len(resp.PoolLeases) == size {
-			resp.NextPageToken = encodePage(pageKey{Method: method, ID: resp.PoolLeases[size-1].GetId(), At: lastAt.UnixMicro()})
-			break
-		}
-		resp.PoolLeases = append(resp.PoolLeases, l)
-		lastAt = created
-	}
-	if err := rows.Err(); err != nil {
+	resp.PoolLeases, resp.NextPageToken, err = collectPage(p, rows, func(r pgx.Rows) (*controlv1.PoolLease, pageKey, error) {
+		l, created, err := scanPoolLease(r)
+		return l, pageKey{ID: l.GetId(), At: created.UnixMicro()}, err
+	})
+	if err != nil {
 		return nil, h.fail(ctx, "list pool leases", err)
 	}
 	return connect.NewResponse(resp), nil

@@ -150,7 +150,7 @@ SELECT name, coalesce(owner, ''), epoch, expires_at, expires_at <= compute_now()
  WHERE starts_with(name, $1) AND name > $2
  ORDER BY name LIMIT $3`
 
-// liveWorkerWindow is DESIGN.md section 5's live worker window.
+// liveWorkerWindow is docs/design.md#membership's live worker window.
 const listWorkersSQL = `
 SELECT id, member_group, heartbeat_at, clock_skew_ms, heartbeat_at > compute_now() - interval '30 seconds'
   FROM workers

@@ -32,7 +32,7 @@ var (
 	idempotencyKeyRE = regexp.MustCompile(`^[\x21-\x7e]{1,200}$`)
 	// labelKeyRE: label and selector keys.
 	labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/:-]{0,126}[A-Za-z0-9])?$`)
-	// leasePrefixRE: a prefix of a lease name (DESIGN.md section 3).
+	// leasePrefixRE: a prefix of a lease name (docs/design.md#leases).
 	leasePrefixRE = regexp.MustCompile(`^[A-Za-z0-9._:@/-]{0,200}$`)
 	// groupRE: a membership group.
 	groupRE = regexp.MustCompile(`^[A-Za-z0-9._-]{0,100}$`)

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
@@ -19,33 +20,27 @@ func (h *Handler) ListLeases(ctx context.Context, req *connect.Request[controlv1
 	if err := checkOptionalRE("name_prefix", m.GetNamePrefix(), leasePrefixRE); err != nil {
 		return nil, err
 	}
-	after, err := decodePage(method, m.GetPageToken())
+	p, err := openPage(method, m.GetPageSize(), m.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
-	size := pageSize(m.GetPageSize())
-	rows, err := h.db.Query(ctx, listLeasesSQL, m.GetNamePrefix(), after.ID, size+1)
+	rows, err := h.db.Query(ctx, listLeasesSQL, m.GetNamePrefix(), p.after.ID, p.limit())
 	if err != nil {
 		return nil, h.fail(ctx, "list leases", err)
 	}
-	defer rows.Close()
 	resp := &controlv1.ListLeasesResponse{}
-	for rows.Next() {
+	resp.Leases, resp.NextPageToken, err = collectPage(p, rows, func(r pgx.Rows) (*controlv1.Lease, pageKey, error) {
 		var (
 			l       controlv1.Lease
 			expires pgtype.Timestamptz
 		)
-		if err := rows.Scan(&l.Name, &l.Owner, &l.Epoch, &expires, &l.Expired); err != nil {
-			return nil, h.fail(ctx, "list leases", err)
-		}
-		if len(resp.Leases) == size {
-			resp.NextPageToken = encodePage(pageKey{Method: method, ID: resp.Leases[size-1].GetName()})
-			break
+		if err := r.Scan(&l.Name, &l.Owner, &l.Epoch, &expires, &l.Expired); err != nil {
+			return nil, pageKey{}, err
 		}
 		l.ExpiresAt = tsFinite(expires)
-		resp.Leases = append(resp.Leases, &l)
-	}
-	if err := rows.Err(); err != nil {
+		return &l, pageKey{ID: l.GetName()}, nil
+	})
+	if err != nil {
 		return nil, h.fail(ctx, "list leases", err)
 	}
 	return connect.NewResponse(resp), nil

@@ -1,6 +1,8 @@
 package api
 
 import (
+	"github.com/leasehold/leasehold/pkg/pgnotify"
+
 	"context"
 	"fmt"
 	"log/slog"
@@ -35,9 +37,9 @@ type waiter struct {
 	once    sync.Once
 }
 
-// commandDoneChannel is NOTIFYed by the gateways' group commit when it
-// finished commands (services/gateway's ingestSQL).
-const commandDoneChannel = "leasehold_command_done"
+// commandDoneChannel is pgnotify.CommandDone: NOTIFYed by the gateways' group
+// commit when it finishes commands.
+const commandDoneChannel = pgnotify.CommandDone
 
 func newWaiter(db pgdb.Querier, notifyURL string, interval time.Duration, log *slog.Logger) *waiter {
 	return &waiter{db: db, notifyURL: notifyURL, interval: interval, log: log, kick: make(chan struct{}, 1),

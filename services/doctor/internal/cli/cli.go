@@ -96,7 +96,7 @@ func (c *checkFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.color, "color", "auto", "colour the table: auto (only on a terminal, not with NO_COLOR), always, never")
 	fs.BoolVar(&c.verbose, "verbose", false, "print evidence under ok findings too")
 	fs.DurationVar(&c.timeout, "timeout", 2*time.Minute, "bound on the whole run")
-	c.doctor.RegisterFlags(fs)
+	c.doctor.RegisterFlags("", fs)
 }
 
 func (c *checkFlags) validate() error {

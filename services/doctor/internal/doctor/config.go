@@ -9,7 +9,7 @@ import (
 )
 
 // Config holds the thresholds and the expected deployment the checks compare
-// the database against. Its defaults are DESIGN.md's timings.
+// the database against. Its defaults are the timings of docs/design.md#timings.
 type Config struct {
 	// LeaseTTL is the shard and singleton lease TTL: a member silent this
 	// long is silent, and a fenced transaction older than it is long.
@@ -44,32 +44,32 @@ type Config struct {
 	TLSExpiryWarn, TLSExpiryCritical time.Duration
 }
 
-// RegisterFlags registers the doctor's flags on fs with their defaults.
-func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.DurationVar(&c.LeaseTTL, "lease-ttl", 15*time.Second, "shard and singleton lease TTL of the workers (silent members, long fenced transactions)")
-	fs.DurationVar(&c.LiveWindow, "live-window", 30*time.Second, "live worker window of the workers")
-	fs.DurationVar(&c.QueueOverdue, "queue-overdue", 5*time.Minute, "work overdue longer than this is reported by workers.queue")
-	fs.DurationVar(&c.WorkerAlive, "worker-alive", time.Minute, "a worker that heartbeated within this is alive (workers.queue)")
-	fs.StringVar(&c.SweeperJob, "sweeper-job", "sweeper", "periodic singleton watched by workers.sweeper")
-	fs.IntVar(&c.SweeperStalePeriods, "sweeper-stale-periods", 3, "periods without a completed sweep before workers.sweeper warns")
-	fs.IntVar(&c.MaxStreams, "max-streams", 5000, "the gateways' --gateway.max-streams (gateways.headroom)")
-	fs.Var(&c.Regions, "regions", "gateway regions for gateways.headroom: comma-separated gateway=region, a trailing * matches a prefix (gw-eu-*=eu); unmapped gateways are in region \"default\"")
-	fs.IntVar(&c.ExpectWorkers, "expect-workers", -1, "worker processes the deployment runs (db.connections; -1: the live ones)")
-	fs.IntVar(&c.ExpectSchedulers, "expect-schedulers", -1, "scheduler processes (-1: the live ones)")
-	fs.IntVar(&c.ExpectGateways, "expect-gateways", -1, "gateway processes (-1: the live ones)")
-	fs.IntVar(&c.ExpectAPIs, "expect-api", 0, "api processes")
-	fs.IntVar(&c.ExpectSiteAgents, "expect-site-agents", 0, "site-agent processes that connect to the database")
-	fs.IntVar(&c.ExpectPoolSize, "expect-pool-size", 10, "each process's --db-max-conns")
-	fs.DurationVar(&c.CheckTimeout, "check-timeout", 10*time.Second, "statement timeout of each check")
-	fs.Var(&c.TLSCertFiles, "tls-cert-files", "comma-separated PEM files (serving certificates, client CA bundles) whose expiry tls.expiry checks")
-	fs.DurationVar(&c.TLSExpiryWarn, "tls-expiry-warn", 14*24*time.Hour, "a certificate expiring within this makes tls.expiry warn")
-	fs.DurationVar(&c.TLSExpiryCritical, "tls-expiry-critical", 3*24*time.Hour, "a certificate expiring within this makes tls.expiry critical")
+// RegisterFlags registers the doctor's flags on f, each name under prefix, with their defaults.
+func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
+	f.DurationVar(&c.LeaseTTL, prefix+"lease-ttl", 15*time.Second, "shard and singleton lease TTL of the workers (silent members, long fenced transactions)")
+	f.DurationVar(&c.LiveWindow, prefix+"live-window", 30*time.Second, "live worker window of the workers")
+	f.DurationVar(&c.QueueOverdue, prefix+"queue-overdue", 5*time.Minute, "work overdue longer than this is reported by workers.queue")
+	f.DurationVar(&c.WorkerAlive, prefix+"worker-alive", time.Minute, "a worker that heartbeated within this is alive (workers.queue)")
+	f.StringVar(&c.SweeperJob, prefix+"sweeper-job", "sweeper", "periodic singleton watched by workers.sweeper")
+	f.IntVar(&c.SweeperStalePeriods, prefix+"sweeper-stale-periods", 3, "periods without a completed sweep before workers.sweeper warns")
+	f.IntVar(&c.MaxStreams, prefix+"max-streams", 5000, "the gateways' --gateway.max-streams (gateways.headroom)")
+	f.Var(&c.Regions, prefix+"regions", "gateway regions for gateways.headroom: comma-separated gateway=region, a trailing * matches a prefix (gw-eu-*=eu); unmapped gateways are in region \"default\"")
+	f.IntVar(&c.ExpectWorkers, prefix+"expect-workers", -1, "worker processes the deployment runs (db.connections; -1: the live ones)")
+	f.IntVar(&c.ExpectSchedulers, prefix+"expect-schedulers", -1, "scheduler processes (-1: the live ones)")
+	f.IntVar(&c.ExpectGateways, prefix+"expect-gateways", -1, "gateway processes (-1: the live ones)")
+	f.IntVar(&c.ExpectAPIs, prefix+"expect-api", 0, "api processes")
+	f.IntVar(&c.ExpectSiteAgents, prefix+"expect-site-agents", 0, "site-agent processes that connect to the database")
+	f.IntVar(&c.ExpectPoolSize, prefix+"expect-pool-size", 10, "each process's --db-max-conns")
+	f.DurationVar(&c.CheckTimeout, prefix+"check-timeout", 10*time.Second, "statement timeout of each check")
+	f.Var(&c.TLSCertFiles, prefix+"tls-cert-files", "comma-separated PEM files (serving certificates, client CA bundles) whose expiry tls.expiry checks")
+	f.DurationVar(&c.TLSExpiryWarn, prefix+"tls-expiry-warn", 14*24*time.Hour, "a certificate expiring within this makes tls.expiry warn")
+	f.DurationVar(&c.TLSExpiryCritical, prefix+"tls-expiry-critical", 3*24*time.Hour, "a certificate expiring within this makes tls.expiry critical")
 }
 
 // DefaultConfig returns the configuration RegisterFlags would produce.
 func DefaultConfig() Config {
 	var c Config
-	c.RegisterFlags(flag.NewFlagSet("defaults", flag.ContinueOnError))
+	c.RegisterFlags("", flag.NewFlagSet("defaults", flag.ContinueOnError))
 	return c
 }
 

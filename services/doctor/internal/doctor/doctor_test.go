@@ -171,7 +171,7 @@ func TestClockSkew(t *testing.T) {
 }
 
 // fence opens a transaction on conn fenced on lease name like every write
-// of its holder (DESIGN.md section 4) and leaves it open.
+// of its holder (docs/design.md#fencing) and leaves it open.
 func fence(t *testing.T, conn *pgx.Conn, name, owner string, epoch int64) pgx.Tx {
 	t.Helper()
 	ctx := context.Background()

@@ -130,7 +130,7 @@ func checkStuck(ctx context.Context, d *Doctor) (Finding, error) {
 		f := critical(fmt.Sprintf("%s held past expiry by an open transaction: %s expired %s ago, still locked by pid %d; a successor's takeover waits for it",
 			plural(len(stuckRows), "lease", "leases"), first.name, dur(first.overdue), first.holder.pid),
 			"the holder's transaction is still open (a paused or wedged process, or an idle-in-transaction session): stop or resume that process, "+
-				"or as an administrator run "+terminate+"; fenced transactions need a statement_timeout and the role an idle_in_transaction_session_timeout (DESIGN.md section 4)")
+				"or as an administrator run "+terminate+"; fenced transactions need a statement_timeout and the role an idle_in_transaction_session_timeout (docs/design.md#fencing)")
 		capped(&f, "stuck_lease", stuckRows, func(s stuck) string {
 			return fmt.Sprintf("%s owner %s epoch %d expired %s ago, locked by %s", s.name, s.owner, s.epoch, dur(s.overdue), s.holder)
 		})

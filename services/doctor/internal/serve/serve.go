@@ -41,12 +41,12 @@ type Config struct {
 	Token string
 }
 
-// RegisterFlags registers serve's flags.
-func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	c.Doctor.RegisterFlags(fs)
-	fs.StringVar(&c.ListenAddr, "listen-addr", "127.0.0.1:9446", "address of DoctorService (Connect, gRPC, gRPC-Web; h2c); empty serves it on --http-addr")
-	fs.DurationVar(&c.Interval, "interval", 30*time.Second, "how often the checks run to refresh leasehold_doctor_finding")
-	fs.StringVar(&c.Token, "api-token", "", "bearer token required by DoctorService (empty: none)")
+// RegisterFlags registers serve's flags on f, each name under prefix.
+func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
+	c.Doctor.RegisterFlags(prefix, f)
+	f.StringVar(&c.ListenAddr, prefix+"listen-addr", "127.0.0.1:9446", "address of DoctorService (Connect, gRPC, gRPC-Web; h2c); empty serves it on --http-addr")
+	f.DurationVar(&c.Interval, prefix+"interval", 30*time.Second, "how often the checks run to refresh leasehold_doctor_finding")
+	f.StringVar(&c.Token, prefix+"api-token", "", "bearer token required by DoctorService (empty: none)")
 }
 
 // Validate checks the configuration.
@@ -64,7 +64,7 @@ func Run(ctx context.Context, args []string, stderr *os.File) int {
 	return process.Run(ctx, process.Spec{
 		Name:     "doctor",
 		HTTPAddr: "127.0.0.1:9106",
-		Flags:    cfg.RegisterFlags,
+		Flags:    func(fs *flag.FlagSet) { cfg.RegisterFlags("", fs) },
 		Validate: cfg.Validate,
 		Build: func(ctx context.Context, p *process.Process) ([]services.Service, error) {
 			return Build(cfg, p)

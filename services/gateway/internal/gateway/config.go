@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Config is the gateway's own configuration (DESIGN.md sections 8 and 10).
+// Config is the gateway's own configuration (docs/design.md#gateways and #timings).
 type Config struct {
 	// ListenAddr serves node streams (HTTP/2: h2c, or TLS when TLSCert is set).
 	ListenAddr string
@@ -71,31 +71,31 @@ type Config struct {
 	DrainMaxDelay, DrainGrace time.Duration
 }
 
-// RegisterFlags registers the gateway flags on fs with their defaults.
-func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.ListenAddr, "listen-addr", "127.0.0.1:9443", "address of node streams (HTTP/2; h2c unless --tls-cert is set)")
-	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate for node streams (enables TLS)")
-	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
-	fs.StringVar(&c.TLSClientCA, "tls-client-ca", "", "PEM CA bundle; when set, nodes must present a client certificate it signed (mTLS)")
-	fs.DurationVar(&c.TLSReloadInterval, "tls-reload-interval", 10*time.Second, "how often --tls-cert, --tls-key and --tls-client-ca are re-read (new handshakes use the new files; open streams keep theirs)")
-	fs.BoolVar(&c.TLSBindNodeID, "gateway.tls-bind-node-id", true, "with --tls-client-ca, a Hello's node_id must be the node its client certificate names (URI SAN leasehold://node/<id>, else the CommonName); false for host certificates")
-	fs.DurationVar(&c.LeaseTTL, "gateway.lease-ttl", 20*time.Second, "TTL of the gateway:<id> lease")
-	fs.DurationVar(&c.LeaseRenew, "gateway.lease-renew", 5*time.Second, "renewal interval of the gateway lease (must be < TTL/2)")
-	fs.DurationVar(&c.SessionLease, "gateway.session-lease", 40*time.Second, "node session lease (must be > gateway lease TTL)")
-	fs.DurationVar(&c.LivenessInterval, "gateway.liveness-interval", 10*time.Second, "interval of the batched session liveness write (must be < session lease/2)")
-	fs.DurationVar(&c.HeartbeatInterval, "gateway.heartbeat-interval", 5*time.Second, "heartbeat interval told to daemons in Welcome")
-	fs.IntVar(&c.MaxStreams, "gateway.max-streams", 5000, "maximum concurrent node streams")
-	fs.IntVar(&c.MaxPendingHellos, "gateway.max-pending-hellos", 64, "maximum concurrent Hello transactions")
-	fs.Float64Var(&c.HelloRate, "gateway.hello-rate", 200, "handshake token bucket rate (Hellos per second)")
-	fs.IntVar(&c.HelloBurst, "gateway.hello-burst", 50, "handshake token bucket burst")
-	fs.IntVar(&c.MaxMessageBytes, "gateway.max-message-bytes", 1<<20, "largest message accepted from a node")
-	fs.DurationVar(&c.DispatchPoll, "gateway.dispatch-poll", time.Second, "dispatch poll interval (NOTIFY wakes it earlier)")
-	fs.IntVar(&c.DispatchBatch, "gateway.dispatch-batch", 500, "commands taken per dispatch transaction")
-	fs.DurationVar(&c.SpecPoll, "gateway.spec-poll", 2*time.Second, "node spec poll interval (NOTIFY pushes a changed spec earlier)")
-	fs.DurationVar(&c.DrainMaxDelay, "gateway.drain-max-delay", 60*time.Second, "upper bound of the random Drain delay sent on SIGTERM")
-	fs.DurationVar(&c.HelloTimeout, "gateway.hello-timeout", 10*time.Second, "close a stream whose Hello has not arrived within this long")
-	fs.StringVar(&c.HTTP2Server, "gateway.http2-server", HTTP2Lean, "HTTP/2 server of node streams: lean (internal/h2serve, least memory per session) or std (net/http)")
-	fs.DurationVar(&c.DrainGrace, "gateway.drain-grace", 5*time.Second, "extra wait after the drain delay before closing the remaining streams")
+// RegisterFlags registers the gateway flags on f, each name under prefix, with their defaults.
+func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
+	f.StringVar(&c.ListenAddr, prefix+"listen-addr", "127.0.0.1:9443", "address of node streams (HTTP/2; h2c unless --tls-cert is set)")
+	f.StringVar(&c.TLSCert, prefix+"tls-cert", "", "PEM certificate for node streams (enables TLS)")
+	f.StringVar(&c.TLSKey, prefix+"tls-key", "", "PEM private key of --tls-cert")
+	f.StringVar(&c.TLSClientCA, prefix+"tls-client-ca", "", "PEM CA bundle; when set, nodes must present a client certificate it signed (mTLS)")
+	f.DurationVar(&c.TLSReloadInterval, prefix+"tls-reload-interval", 10*time.Second, "how often --tls-cert, --tls-key and --tls-client-ca are re-read (new handshakes use the new files; open streams keep theirs)")
+	f.BoolVar(&c.TLSBindNodeID, prefix+"gateway.tls-bind-node-id", true, "with --tls-client-ca, a Hello's node_id must be the node its client certificate names (URI SAN leasehold://node/<id>, else the CommonName); false for host certificates")
+	f.DurationVar(&c.LeaseTTL, prefix+"gateway.lease-ttl", 20*time.Second, "TTL of the gateway:<id> lease")
+	f.DurationVar(&c.LeaseRenew, prefix+"gateway.lease-renew", 5*time.Second, "renewal interval of the gateway lease (must be < TTL/2)")
+	f.DurationVar(&c.SessionLease, prefix+"gateway.session-lease", 40*time.Second, "node session lease (must be > gateway lease TTL)")
+	f.DurationVar(&c.LivenessInterval, prefix+"gateway.liveness-interval", 10*time.Second, "interval of the batched session liveness write (must be < session lease/2)")
+	f.DurationVar(&c.HeartbeatInterval, prefix+"gateway.heartbeat-interval", 5*time.Second, "heartbeat interval told to daemons in Welcome")
+	f.IntVar(&c.MaxStreams, prefix+"gateway.max-streams", 5000, "maximum concurrent node streams")
+	f.IntVar(&c.MaxPendingHellos, prefix+"gateway.max-pending-hellos", 64, "maximum concurrent Hello transactions")
+	f.Float64Var(&c.HelloRate, prefix+"gateway.hello-rate", 200, "handshake token bucket rate (Hellos per second)")
+	f.IntVar(&c.HelloBurst, prefix+"gateway.hello-burst", 50, "handshake token bucket burst")
+	f.IntVar(&c.MaxMessageBytes, prefix+"gateway.max-message-bytes", 1<<20, "largest message accepted from a node")
+	f.DurationVar(&c.DispatchPoll, prefix+"gateway.dispatch-poll", time.Second, "dispatch poll interval (NOTIFY wakes it earlier)")
+	f.IntVar(&c.DispatchBatch, prefix+"gateway.dispatch-batch", 500, "commands taken per dispatch transaction")
+	f.DurationVar(&c.SpecPoll, prefix+"gateway.spec-poll", 2*time.Second, "node spec poll interval (NOTIFY pushes a changed spec earlier)")
+	f.DurationVar(&c.DrainMaxDelay, prefix+"gateway.drain-max-delay", 60*time.Second, "upper bound of the random Drain delay sent on SIGTERM")
+	f.DurationVar(&c.HelloTimeout, prefix+"gateway.hello-timeout", 10*time.Second, "close a stream whose Hello has not arrived within this long")
+	f.StringVar(&c.HTTP2Server, prefix+"gateway.http2-server", HTTP2Lean, "HTTP/2 server of node streams: lean (internal/h2serve, least memory per session) or std (net/http)")
+	f.DurationVar(&c.DrainGrace, prefix+"gateway.drain-grace", 5*time.Second, "extra wait after the drain delay before closing the remaining streams")
 }
 
 // Values of --gateway.http2-server.
@@ -107,7 +107,7 @@ const (
 // Defaults returns the configuration RegisterFlags would produce.
 func Defaults() Config {
 	var c Config
-	c.RegisterFlags(flag.NewFlagSet("defaults", flag.ContinueOnError))
+	c.RegisterFlags("", flag.NewFlagSet("defaults", flag.ContinueOnError))
 	return c
 }
 

@@ -1,4 +1,4 @@
-// Package gateway serves node sessions (DESIGN.md section 8): Connect
+// Package gateway serves node sessions (docs/design.md#gateways): Connect
 // streams authenticated on Hello, the gateway:<id> lease and its self-fence,
 // session epochs, batched liveness, dispatch, admission and drain.
 //
@@ -22,31 +22,24 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"connectrpc.com/connect"
 	"connectrpc.com/grpchealth"
-	"connectrpc.com/grpcreflect"
 	"github.com/grafana/dskit/services"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/leasehold/leasehold/pkg/coord"
-	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
 	"github.com/leasehold/leasehold/pkg/health"
 	"github.com/leasehold/leasehold/pkg/reload"
 	"github.com/leasehold/leasehold/pkg/tracing"
-	"github.com/leasehold/leasehold/services/gateway/internal/h2serve"
 )
 
 // Deps are what a gateway needs from its process.
@@ -266,106 +259,6 @@ func (g *Gateway) starting(ctx context.Context) error {
 	return nil
 }
 
-type (
-	bodyKey     struct{}
-	tlsStateKey struct{}
-)
-
-// nodeServer is the HTTP/2 server of node streams: h2serve's (lean) or
-// net/http's (std).
-type nodeServer interface {
-	Serve(ln net.Listener) error
-	Shutdown(ctx context.Context) error
-	Close() error
-}
-
-// stdServer serves TLS through ServeTLS when its TLSConfig is set.
-type stdServer struct{ *http.Server }
-
-func (s stdServer) Serve(ln net.Listener) error {
-	if s.TLSConfig != nil {
-		return s.ServeTLS(ln, "", "")
-	}
-	return s.Server.Serve(ln)
-}
-
-// Timings of node stream connections, on both servers.
-const (
-	readHeaderTimeout = 10 * time.Second
-	connIdleTimeout   = 5 * time.Minute
-	// A node host that vanishes sends no RST: ping idle connections.
-	pingInterval = 15 * time.Second
-	pingTimeout  = 5 * time.Second
-	writeTimeout = 30 * time.Second
-	// maxConnStreams is per connection; a daemon holds one stream.
-	maxConnStreams = 16
-	maxHeaderBytes = 64 << 10
-)
-
-// newServer builds the HTTP/2 server of node streams.
-func (g *Gateway) newServer() (nodeServer, error) {
-	mux := http.NewServeMux()
-	path, h := nodev1connect.NewNodeGatewayServiceHandler(g,
-		connect.WithReadMaxBytes(g.cfg.MaxMessageBytes),
-		connect.WithSendMaxBytes(g.cfg.MaxMessageBytes),
-		// Heartbeats and acks are tiny: compressing them costs a
-		// compressor per stream and saves nothing.
-		connect.WithCompressMinBytes(1024),
-	)
-	// Keep the request body reachable from the handler: closing it breaks
-	// a pending Receive, which is how a session is closed from outside. The
-	// TLS state (nil for h2c) carries the client certificate Hello is bound to.
-	mux.Handle(path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx := context.WithValue(context.WithValue(r.Context(), bodyKey{}, r.Body), tlsStateKey{}, r.TLS)
-		h.ServeHTTP(w, r.WithContext(ctx))
-	}))
-	mux.Handle(grpchealth.NewHandler(g.checker))
-	reflector := grpcreflect.NewStaticReflector(nodev1connect.NodeGatewayServiceName, grpchealth.HealthV1ServiceName)
-	mux.Handle(grpcreflect.NewHandlerV1(reflector))
-	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
-
-	tc, err := g.tlsConfig()
-	if err != nil {
-		return nil, err
-	}
-	if g.cfg.HTTP2Server == HTTP2Lean {
-		return &h2serve.Server{
-			Handler:              mux,
-			TLSConfig:            tc,
-			MaxConcurrentStreams: maxConnStreams,
-			MaxHeaderListSize:    maxHeaderBytes,
-			ReadHeaderTimeout:    readHeaderTimeout,
-			WriteTimeout:         writeTimeout,
-			PingInterval:         pingInterval,
-			PingTimeout:          pingTimeout,
-			IdleTimeout:          connIdleTimeout,
-			Logger:               g.log,
-		}, nil
-	}
-	protocols := new(http.Protocols)
-	srv := &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: readHeaderTimeout,
-		IdleTimeout:       connIdleTimeout,
-		MaxHeaderBytes:    maxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
-		Protocols:         protocols,
-		HTTP2: &http.HTTP2Config{
-			MaxConcurrentStreams: maxConnStreams,
-			SendPingTimeout:      pingInterval,
-			PingTimeout:          pingTimeout,
-			WriteByteTimeout:     writeTimeout,
-		},
-	}
-	if tc == nil {
-		protocols.SetUnencryptedHTTP2(true) // h2c: loopback and tests
-		return stdServer{srv}, nil
-	}
-	protocols.SetHTTP2(true)
-	srv.TLSConfig = tc
-	return stdServer{srv}, nil
-}
-
 func (g *Gateway) running(ctx context.Context) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- g.srv.Serve(g.ln) }()
@@ -406,75 +299,6 @@ func (g *Gateway) running(ctx context.Context) error {
 	}
 }
 
-func (g *Gateway) stopKeeper() {
-	if g.keeperStop != nil {
-		g.keeperStop()
-		<-g.keeperDone
-	}
-}
-
-// fence is the self-fence: refuse Hellos, close every stream UNAVAILABLE,
-// answer not ready. It writes nothing to the database. The keeper has
-// already dropped the lease (it calls fence through OnLost) and goes on
-// taking it again; leaseTaken resumes serving.
-func (g *Gateway) fence(reason string) {
-	g.fenceMu.Lock()
-	defer g.fenceMu.Unlock()
-	if g.Fenced() {
-		return
-	}
-	g.generation.Add(1)
-	g.fenceReason = reason
-	g.state.Store(stateFenced)
-	g.m.role.Set(health.RoleFenced)
-	g.m.selfFences.Inc()
-	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusNotServing)
-	g.checker.SetStatus("", grpchealth.StatusNotServing)
-	g.log.Error("gateway fenced itself: closing every stream; it serves again once it holds its lease at a new epoch",
-		"reason", reason, "lease", g.keeper.Name())
-	for _, s := range g.snapshot() {
-		s.close(connect.NewError(connect.CodeUnavailable, fmt.Errorf("gateway %s fenced itself: %s", g.id, reason)))
-	}
-	close(g.fencedCh)
-}
-
-// leaseTaken is the keeper's OnAcquired: at start nothing happens (starting
-// goes on); after a fence the gateway serves again at the new epoch.
-func (g *Gateway) leaseTaken(l coord.Lease) {
-	g.fenceMu.Lock()
-	defer g.fenceMu.Unlock()
-	if !g.Fenced() || g.stopping.Load() {
-		return
-	}
-	g.fencedCh = make(chan struct{})
-	g.state.Store(stateServing)
-	g.m.role.Set(health.RoleActive)
-	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusServing)
-	g.checker.SetStatus("", grpchealth.StatusServing)
-	g.log.Info("gateway serving again", "lease", l.Name, "epoch", l.Epoch, "fenced_for", g.fenceReason)
-	g.wakeDispatch("")
-}
-
-// fenced returns a channel closed at the next fence.
-func (g *Gateway) fenced() <-chan struct{} {
-	g.fenceMu.Lock()
-	defer g.fenceMu.Unlock()
-	return g.fencedCh
-}
-
-// runFenced runs fn fenced on the gateway lease; a fence that finds the
-// lease lost fences the gateway (through the keeper's OnLost).
-func (g *Gateway) runFenced(ctx context.Context, fn func(ctx context.Context, tx pgxTx) error) error {
-	err := g.keeper.RunFenced(ctx, g.db, fn)
-	if errors.Is(err, coord.ErrLeaseLost) {
-		g.m.fenceFailures.Inc()
-	}
-	if err != nil {
-		return fmt.Errorf("fenced on %s: %w", g.keeper.Name(), err)
-	}
-	return nil
-}
-
 func (g *Gateway) snapshot() []*session {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -483,65 +307,4 @@ func (g *Gateway) snapshot() []*session {
 		out = append(out, s)
 	}
 	return out
-}
-
-// drain sends every node Drain with a random delay up to DrainMaxDelay,
-// stops accepting streams, and returns when the streams are gone or
-// DrainMaxDelay + DrainGrace has passed (then closes the rest).
-func (g *Gateway) drain(serveErr <-chan error) {
-	if !g.state.CompareAndSwap(stateServing, stateDraining) {
-		_ = g.srv.Close()
-		return
-	}
-	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusNotServing)
-	g.checker.SetStatus("", grpchealth.StatusNotServing)
-	sessions := g.snapshot()
-	g.log.Info("draining", "sessions", len(sessions), "max_delay", g.cfg.DrainMaxDelay)
-	for _, s := range sessions {
-		s.enqueue(drainMessage(g.cfg.DrainMaxDelay))
-	}
-	deadline := g.clock.After(g.cfg.DrainMaxDelay + g.cfg.DrainGrace)
-	shutdownCtx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	shutdownDone := make(chan struct{})
-	go func() {
-		// Closes the listener, sends GOAWAY, and waits for open streams.
-		_ = g.srv.Shutdown(shutdownCtx)
-		close(shutdownDone)
-	}()
-	tick := g.clock.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	fenced := g.fenced()
-wait:
-	for g.streams.Load() > 0 || g.SessionCount() > 0 {
-		select {
-		case <-deadline:
-			break wait
-		case <-fenced:
-			break wait
-		case <-tick.Chan():
-		}
-	}
-	left := g.snapshot()
-	if len(left) > 0 {
-		g.log.Warn("drain deadline passed; closing remaining streams", "sessions", len(left))
-	}
-	for _, s := range left {
-		s.close(connect.NewError(connect.CodeUnavailable, errors.New("gateway drained")))
-	}
-	cancel()
-	<-shutdownDone
-	_ = g.srv.Close()
-	<-serveErr
-	g.log.Info("drained")
-}
-
-func drainMessage(maxDelay time.Duration) *nodev1.ConnectResponse {
-	var d time.Duration
-	if maxDelay > 0 {
-		d = rand.N(maxDelay + 1)
-	}
-	return &nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Drain{Drain: &nodev1.Drain{
-		Delay: durationpb.New(d), Reason: "gateway shutting down",
-	}}}
 }

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 
 	"github.com/leasehold/leasehold/pkg/cmdwake"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
+	"github.com/leasehold/leasehold/pkg/pgnotify"
 )
 
 // livenessLoop extends every session this gateway holds with one batched
@@ -213,72 +213,46 @@ func (g *Gateway) dispatchOnce(ctx context.Context, ids []string, epochs []int64
 	return got, len(out), nil
 }
 
-// notifyLoop LISTENs for command wake-ups on a dedicated connection and wakes
-// dispatch for the notified nodes held here. Without a notify URL (behind a
-// transaction pooler) dispatch only polls.
+// notifyLoop LISTENs for command wake-ups (coalesced by the creating
+// process, pkg/cmdwake) and node spec changes on a dedicated connection and
+// wakes dispatch or the spec push for the notified nodes held here. Without
+// a notify URL (behind a transaction pooler) both only poll.
 func (g *Gateway) notifyLoop(ctx context.Context) {
 	if g.notifyURL == "" {
 		g.log.Info("command notifications off (no direct database URL); dispatch polls", "interval", g.cfg.DispatchPoll)
 		return
 	}
-	for ctx.Err() == nil {
-		err := g.listen(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		g.log.Warn("command notifications lost; polling until reconnected", "err", err)
-		select {
-		case <-ctx.Done():
-			return
-		case <-g.clock.After(time.Second):
-		}
-	}
-}
-
-func (g *Gateway) listen(ctx context.Context) error {
-	conn, err := pgx.Connect(ctx, g.notifyURL)
-	if err != nil {
-		return fmt.Errorf("connect for LISTEN: %w", err)
-	}
-	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = conn.Close(closeCtx)
-	}()
-	for _, ch := range []string{commandsChannel, specChannel} {
-		if _, err := conn.Exec(ctx, "LISTEN "+ch); err != nil {
-			return fmt.Errorf("LISTEN %s: %w", ch, err)
-		}
-	}
-	g.wakeDispatch("") // catch up on whatever arrived while not listening
-	g.wakeSpec("")
-	for {
-		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
-			if errors.Is(err, context.Canceled) {
-				return nil
-			}
-			return err
-		}
-		if n.Channel == specChannel {
-			if g.holds(n.Payload) {
-				g.wakeSpec(n.Payload)
-			}
-			continue
-		}
-		// A coalesced command wake-up (pkg/cmdwake): a list of nodes, or
-		// "" for every session.
-		nodes := cmdwake.Nodes(n.Payload)
-		if nodes == nil {
-			g.wakeDispatch("")
-			continue
-		}
-		for _, id := range nodes {
-			if g.holds(id) {
-				g.wakeDispatch(id)
-			}
-		}
-	}
+	_ = pgnotify.Listen(ctx, pgnotify.Config{
+		URL: g.notifyURL,
+		Handlers: map[string]func(string){
+			pgnotify.Commands: func(payload string) {
+				// A list of nodes, or "" for every session.
+				nodes := cmdwake.Nodes(payload)
+				if nodes == nil {
+					g.wakeDispatch("")
+					return
+				}
+				for _, id := range nodes {
+					if g.holds(id) {
+						g.wakeDispatch(id)
+					}
+				}
+			},
+			pgnotify.NodeSpec: func(nodeID string) {
+				if g.holds(nodeID) {
+					g.wakeSpec(nodeID)
+				}
+			},
+		},
+		OnConnect: func() {
+			g.wakeDispatch("") // catch up on whatever arrived while not listening
+			g.wakeSpec("")
+		},
+		OnLost: func(err error) {
+			g.log.Warn("command notifications lost; polling until reconnected", "err", err)
+		},
+		Clock: g.clock,
+	})
 }
 
 // holds reports whether nodeID has a session here.

@@ -178,7 +178,7 @@ func TestBindNodeIDFlag(t *testing.T) {
 	parse := func(args ...string) Config {
 		var c Config
 		fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
-		c.RegisterFlags(fs)
+		c.RegisterFlags("", fs)
 		require.NoError(t, fs.Parse(args))
 		require.NoError(t, process.ApplyEnv(fs))
 		return c

@@ -1,6 +1,6 @@
 package gateway
 
-import "github.com/leasehold/leasehold/pkg/cmdwake"
+import "github.com/leasehold/leasehold/pkg/pgnotify"
 
 // The gateway's statements, one per purpose, always parameterised. Every
 // time comes from compute_now().
@@ -177,24 +177,12 @@ UNION ALL
 SELECT e.i, CASE WHEN EXISTS (SELECT 1 FROM evins x WHERE x.node_id = e.node_id AND x.id = e.id) THEN 'stored' ELSE 'duplicate' END, NULL::text
   FROM e
 UNION ALL
-SELECT -1, 'notified', NULL::text FROM (SELECT pg_notify('` + commandDoneChannel + `', '') FROM (SELECT 1 FROM fin LIMIT 1) f) n`
+SELECT -1, 'notified', NULL::text FROM (SELECT pg_notify('` + pgnotify.CommandDone + `', '') FROM (SELECT 1 FROM fin LIMIT 1) f) n`
 
 const insertEventSQL = `
 INSERT INTO node_events (node_id, id, kind, payload, occurred_at, gateway_id, session_epoch, boot_epoch)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT (node_id, id) DO NOTHING`
-
-// commandsChannel is the NOTIFY channel of command wake-ups, coalesced by
-// the creating process (pkg/cmdwake; migration 00016 removed the per-insert
-// trigger).
-const commandsChannel = cmdwake.Channel
-
-// commandDoneChannel is NOTIFYed (empty payload) by a group commit that
-// finished commands; the api's WaitCommand LISTENs on it.
-const commandDoneChannel = "leasehold_command_done"
-
-// specChannel is the NOTIFY channel of node spec changes (migration 00013).
-const specChannel = "leasehold_node_spec"
 
 // DiscoveryEventKind is the event kind of a site agent's discovery report;
 // it is stored only when its boot_epoch is the agent's current boot epoch.

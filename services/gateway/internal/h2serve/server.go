@@ -1,5 +1,5 @@
 // Package h2serve is a lean HTTP/2 server for many long-lived, mostly idle
-// streams: the gateway's node sessions (DESIGN.md section 8).
+// streams: the gateway's node sessions (docs/design.md#gateways).
 //
 // It is hand-written because no well-kept library serves HTTP/2 with fewer
 // than three goroutines per connection: net/http (and golang.org/x/net/http2)

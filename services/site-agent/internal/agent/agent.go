@@ -1,4 +1,4 @@
-// Package agent is the site agent (DESIGN.md section 9): a node session
+// Package agent is the site agent (docs/design.md#site-agents): a node session
 // through pkg/daemon (kind site_agent), the boot grant and its self-fence,
 // the proxy DHCP responder, TFTP, boot files over HTTP and iPXE scripts
 // (only while the grant is live),

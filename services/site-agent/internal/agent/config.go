@@ -16,7 +16,7 @@ import (
 	"github.com/leasehold/leasehold/services/site-agent/internal/tftp"
 )
 
-// Config is the site agent's configuration (DESIGN.md sections 9 and 10).
+// Config is the site agent's configuration (docs/design.md#site-agents and #timings).
 type Config struct {
 	// GatewayURL is the gateway balancer's base URL (http:// for h2c).
 	GatewayURL string
@@ -49,21 +49,21 @@ type Config struct {
 	BMC redfish.Config
 }
 
-// RegisterFlags registers the flags on fs with their defaults.
-func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.GatewayURL, "gateway-url", "http://127.0.0.1:9443", "gateway (balancer) base URL: http:// for h2c, https:// for TLS")
-	fs.StringVar(&c.NodeID, "node-id", "", "this agent's node id (registered with kind site_agent)")
-	fs.StringVar(&c.Credential, "node-credential", "", "node credential (prefer LEASEHOLD_NODE_CREDENTIAL or --node-credential-file)")
-	fs.StringVar(&c.CredentialFile, "node-credential-file", "", "file holding the node credential")
-	fs.StringVar(&c.SiteID, "site-id", "", "the bare-metal site this agent serves")
-	fs.DurationVar(&c.BackoffMax, "redial-backoff-max", 60*time.Second, "upper bound of the redial back-off")
-	fs.DurationVar(&c.SelfFence, "boot.self-fence", 10*time.Second, "stop answering DHCP/iPXE this long after the last boot grant; must be < --boot.lease-ttl")
-	fs.DurationVar(&c.LeaseTTL, "boot.lease-ttl", 15*time.Second, "the site:<id>:boot lease TTL the control plane uses (worker --sites.boot-lease-ttl)")
-	fs.DurationVar(&c.PromoteAfter, "boot.promote-after", 15*time.Second, "the promotion delay the control plane uses (worker --sites.promote-after); must be >= --boot.lease-ttl")
-	fs.StringVar(&c.DHCP.ListenAddr, "dhcp.listen-addr", "0.0.0.0:67", "UDP address of the proxy DHCP responder")
-	fs.StringVar(&c.DHCP.PXEListenAddr, "dhcp.pxe-listen-addr", "0.0.0.0:4011", "UDP address of the PXE boot server port, where clients send their ProxyDHCP REQUEST (empty: off)")
-	fs.StringVar(&c.DHCP.Interface, "dhcp.interface", "", "bind the DHCP socket to this interface")
-	fs.Func("dhcp.server-ip", "this agent's IPv4 address on the provisioning network (server identifier, next-server)", func(s string) error {
+// RegisterFlags registers the flags on f, each name under prefix, with their defaults.
+func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
+	f.StringVar(&c.GatewayURL, prefix+"gateway-url", "http://127.0.0.1:9443", "gateway (balancer) base URL: http:// for h2c, https:// for TLS")
+	f.StringVar(&c.NodeID, prefix+"node-id", "", "this agent's node id (registered with kind site_agent)")
+	f.StringVar(&c.Credential, prefix+"node-credential", "", "node credential (prefer LEASEHOLD_NODE_CREDENTIAL or --node-credential-file)")
+	f.StringVar(&c.CredentialFile, prefix+"node-credential-file", "", "file holding the node credential")
+	f.StringVar(&c.SiteID, prefix+"site-id", "", "the bare-metal site this agent serves")
+	f.DurationVar(&c.BackoffMax, prefix+"redial-backoff-max", 60*time.Second, "upper bound of the redial back-off")
+	f.DurationVar(&c.SelfFence, prefix+"boot.self-fence", 10*time.Second, "stop answering DHCP/iPXE this long after the last boot grant; must be < --boot.lease-ttl")
+	f.DurationVar(&c.LeaseTTL, prefix+"boot.lease-ttl", 15*time.Second, "the site:<id>:boot lease TTL the control plane uses (worker --sites.boot-lease-ttl)")
+	f.DurationVar(&c.PromoteAfter, prefix+"boot.promote-after", 15*time.Second, "the promotion delay the control plane uses (worker --sites.promote-after); must be >= --boot.lease-ttl")
+	f.StringVar(&c.DHCP.ListenAddr, prefix+"dhcp.listen-addr", "0.0.0.0:67", "UDP address of the proxy DHCP responder")
+	f.StringVar(&c.DHCP.PXEListenAddr, prefix+"dhcp.pxe-listen-addr", "0.0.0.0:4011", "UDP address of the PXE boot server port, where clients send their ProxyDHCP REQUEST (empty: off)")
+	f.StringVar(&c.DHCP.Interface, prefix+"dhcp.interface", "", "bind the DHCP socket to this interface")
+	f.Func(prefix+"dhcp.server-ip", "this agent's IPv4 address on the provisioning network (server identifier, next-server)", func(s string) error {
 		ip := net.ParseIP(s)
 		if ip == nil || ip.To4() == nil {
 			return fmt.Errorf("%q is not an IPv4 address", s)
@@ -71,27 +71,27 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		c.DHCP.ServerIP = ip.To4()
 		return nil
 	})
-	fs.StringVar(&c.DHCP.TFTPServer, "dhcp.tftp-server", "", "TFTP server for firmware PXE boot files (default: --dhcp.server-ip)")
-	fs.StringVar(&c.DHCP.BootFileBIOS, "dhcp.boot-file-bios", "undionly.kpxe", "iPXE binary for BIOS PXE clients")
-	fs.StringVar(&c.DHCP.BootFileEFI, "dhcp.boot-file-efi", "ipxe.efi", "iPXE binary for UEFI PXE clients")
-	fs.StringVar(&c.BootListenAddr, "boot.listen-addr", "0.0.0.0:8080", "address serving iPXE scripts (/boot/<mac>.ipxe) and images (/images/sha256/<digest>)")
-	fs.StringVar(&c.BootBaseURL, "boot.base-url", "", "URL machines use to reach --boot.listen-addr (default http://<dhcp.server-ip>:<port>)")
-	fs.StringVar(&c.HostsFile, "boot.hosts-file", "", `JSON {"default":{profile},"hosts":{"<mac>":{"kernel":"<sha256>","initrd":"<sha256>","cmdline":"…"}}}`)
-	fs.StringVar(&c.TFTP.ListenAddr, "tftp.listen-addr", "0.0.0.0:69", "UDP address of the TFTP server (firmware PXE downloads iPXE from it)")
-	fs.StringVar(&c.TFTP.Root, "tftp.root", "/var/lib/leasehold/tftp", "directory served read-only over TFTP and at /tftp/ over HTTP; put Debian's ipxe package's undionly.kpxe and ipxe.efi here")
-	fs.IntVar(&c.TFTP.MaxTransfers, "tftp.max-transfers", 64, "concurrent TFTP transfers; more are refused with 'server busy'")
-	fs.IntVar(&c.TFTP.MaxBlockSize, "tftp.max-blksize", 1468, "largest blksize granted (RFC 2348); 1468 fills a 1500-byte frame")
-	fs.DurationVar(&c.TFTP.Timeout, "tftp.timeout", time.Second, "retransmission timeout unless the client asks for one (RFC 2349)")
-	fs.IntVar(&c.TFTP.Retries, "tftp.retries", 5, "sends of a block before a transfer is abandoned")
-	fs.StringVar(&c.Cache.Dir, "cache.dir", "/var/lib/leasehold/images", "image cache directory")
-	fs.StringVar(&c.Cache.Origin, "cache.origin", "", "origin base URL; an image is fetched from <origin>/<sha256>")
-	fs.Int64Var(&c.Cache.MaxBytes, "cache.max-bytes", 8<<30, "largest image accepted")
-	fs.Int64Var(&c.Cache.Budget, "cache.budget-bytes", 64<<30, "all images together; the least recently served are evicted beyond it")
-	fs.IntVar(&c.Cache.Attempts, "cache.fetch-attempts", 3, "origin requests one download may take, resuming with Range after a broken connection")
-	fs.DurationVar(&c.Cache.FetchTimeout, "cache.fetch-timeout", 10*time.Minute, "bound of one image download")
-	fs.StringVar(&c.BMC.CredentialsFile, "bmc.credentials-file", "", `JSON {"<ref>":{"username":…,"password":…}} of BMC accounts named by command payloads`)
-	fs.BoolVar(&c.BMC.InsecureSkipVerify, "bmc.insecure-skip-verify", false, "accept BMC TLS certificates without verification")
-	fs.DurationVar(&c.BMC.Timeout, "bmc.timeout", 30*time.Second, "bound of one Redfish call")
+	f.StringVar(&c.DHCP.TFTPServer, prefix+"dhcp.tftp-server", "", "TFTP server for firmware PXE boot files (default: --dhcp.server-ip)")
+	f.StringVar(&c.DHCP.BootFileBIOS, prefix+"dhcp.boot-file-bios", "undionly.kpxe", "iPXE binary for BIOS PXE clients")
+	f.StringVar(&c.DHCP.BootFileEFI, prefix+"dhcp.boot-file-efi", "ipxe.efi", "iPXE binary for UEFI PXE clients")
+	f.StringVar(&c.BootListenAddr, prefix+"boot.listen-addr", "0.0.0.0:8080", "address serving iPXE scripts (/boot/<mac>.ipxe) and images (/images/sha256/<digest>)")
+	f.StringVar(&c.BootBaseURL, prefix+"boot.base-url", "", "URL machines use to reach --boot.listen-addr (default http://<dhcp.server-ip>:<port>)")
+	f.StringVar(&c.HostsFile, prefix+"boot.hosts-file", "", `JSON {"default":{profile},"hosts":{"<mac>":{"kernel":"<sha256>","initrd":"<sha256>","cmdline":"…"}}}`)
+	f.StringVar(&c.TFTP.ListenAddr, prefix+"tftp.listen-addr", "0.0.0.0:69", "UDP address of the TFTP server (firmware PXE downloads iPXE from it)")
+	f.StringVar(&c.TFTP.Root, prefix+"tftp.root", "/var/lib/leasehold/tftp", "directory served read-only over TFTP and at /tftp/ over HTTP; put Debian's ipxe package's undionly.kpxe and ipxe.efi here")
+	f.IntVar(&c.TFTP.MaxTransfers, prefix+"tftp.max-transfers", 64, "concurrent TFTP transfers; more are refused with 'server busy'")
+	f.IntVar(&c.TFTP.MaxBlockSize, prefix+"tftp.max-blksize", 1468, "largest blksize granted (RFC 2348); 1468 fills a 1500-byte frame")
+	f.DurationVar(&c.TFTP.Timeout, prefix+"tftp.timeout", time.Second, "retransmission timeout unless the client asks for one (RFC 2349)")
+	f.IntVar(&c.TFTP.Retries, prefix+"tftp.retries", 5, "sends of a block before a transfer is abandoned")
+	f.StringVar(&c.Cache.Dir, prefix+"cache.dir", "/var/lib/leasehold/images", "image cache directory")
+	f.StringVar(&c.Cache.Origin, prefix+"cache.origin", "", "origin base URL; an image is fetched from <origin>/<sha256>")
+	f.Int64Var(&c.Cache.MaxBytes, prefix+"cache.max-bytes", 8<<30, "largest image accepted")
+	f.Int64Var(&c.Cache.Budget, prefix+"cache.budget-bytes", 64<<30, "all images together; the least recently served are evicted beyond it")
+	f.IntVar(&c.Cache.Attempts, prefix+"cache.fetch-attempts", 3, "origin requests one download may take, resuming with Range after a broken connection")
+	f.DurationVar(&c.Cache.FetchTimeout, prefix+"cache.fetch-timeout", 10*time.Minute, "bound of one image download")
+	f.StringVar(&c.BMC.CredentialsFile, prefix+"bmc.credentials-file", "", `JSON {"<ref>":{"username":…,"password":…}} of BMC accounts named by command payloads`)
+	f.BoolVar(&c.BMC.InsecureSkipVerify, prefix+"bmc.insecure-skip-verify", false, "accept BMC TLS certificates without verification")
+	f.DurationVar(&c.BMC.Timeout, prefix+"bmc.timeout", 30*time.Second, "bound of one Redfish call")
 }
 
 // Resolve fills derived values (credential from file, base URLs) and

@@ -3,7 +3,6 @@ package agent
 import (
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
@@ -13,14 +12,6 @@ import (
 	"github.com/leasehold/leasehold/pkg/health"
 )
 
-// Attribute keys of the grant the worker's site reconciler publishes
-// (services/worker/internal/siteboot).
-const (
-	attrGrantedAt = "site.boot.granted_at"
-	attrLeaseTTL  = "site.boot.lease_ttl_ms"
-	attrPromote   = "site.boot.promote_after_ms"
-)
-
 // Fence is the agent's self-fence: it says whether the agent may answer
 // DHCP and iPXE now. The agent answers only while
 //
@@ -28,7 +19,7 @@ const (
 //   - its latest spec grants it site_boot.active for this site at an epoch
 //     no older than any epoch it has seen, and
 //   - less than SelfFence has passed since the grant: since the grant's
-//     site.boot.granted_at (the database time of the renewal that
+//     site_boot.granted_at (the database time of the renewal that
 //     published it, so a grant delivered late buys nothing) and since it
 //     was received.
 //
@@ -88,15 +79,11 @@ func (f *Fence) Apply(spec *nodev1.NodeSpec) {
 		f.standbyLocked("")
 		return
 	}
-	attrs := spec.GetAttributes()
-	ttl, err1 := strconv.ParseInt(attrs[attrLeaseTTL], 10, 64)
-	promote, err2 := strconv.ParseInt(attrs[attrPromote], 10, 64)
-	grantedAt, err3 := time.Parse(time.RFC3339Nano, attrs[attrGrantedAt])
-	if err1 != nil || err2 != nil || err3 != nil {
-		f.refuseLocked("grant lacks site.boot.lease_ttl_ms, site.boot.promote_after_ms or site.boot.granted_at")
+	if sb.GetLeaseTtl() == nil || sb.GetPromoteAfter() == nil || sb.GetGrantedAt() == nil {
+		f.refuseLocked("grant lacks site_boot.lease_ttl, site_boot.promote_after or site_boot.granted_at")
 		return
 	}
-	ttlD, promoteD := time.Duration(ttl)*time.Millisecond, time.Duration(promote)*time.Millisecond
+	ttlD, promoteD, grantedAt := sb.GetLeaseTtl().AsDuration(), sb.GetPromoteAfter().AsDuration(), sb.GetGrantedAt().AsTime()
 	if err := CheckOrdering(f.selfFence, ttlD, promoteD); err != nil {
 		f.refuseLocked(fmt.Sprintf("the control plane's boot lease timings break the ordering: %v", err))
 		return
@@ -170,7 +157,7 @@ func (f *Fence) Detail() map[string]any {
 	return d
 }
 
-// CheckOrdering is DESIGN.md section 10's self-fence < TTL <= promotion.
+// CheckOrdering is docs/design.md#timings's self-fence < TTL <= promotion.
 func CheckOrdering(selfFence, ttl, promote time.Duration) error {
 	if selfFence <= 0 {
 		return fmt.Errorf("--boot.self-fence %s must be positive", selfFence)

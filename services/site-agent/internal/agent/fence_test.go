@@ -2,23 +2,21 @@ package agent
 
 import (
 	"flag"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/health"
 )
 
 func grant(active bool, epoch uint64, grantedAt time.Time, ttl, promote time.Duration) *nodev1.NodeSpec {
-	return &nodev1.NodeSpec{SiteBoot: &nodev1.SiteBoot{Active: active, Epoch: epoch, SiteId: "s1"}, Attributes: map[string]string{
-		attrGrantedAt: grantedAt.UTC().Format(time.RFC3339Nano),
-		attrLeaseTTL:  strconv.FormatInt(ttl.Milliseconds(), 10),
-		attrPromote:   strconv.FormatInt(promote.Milliseconds(), 10),
-	}}
+	return &nodev1.NodeSpec{SiteBoot: &nodev1.SiteBoot{Active: active, Epoch: epoch, SiteId: "s1",
+		GrantedAt: timestamppb.New(grantedAt), LeaseTtl: durationpb.New(ttl), PromoteAfter: durationpb.New(promote)}}
 }
 
 func TestFenceStopsAnsweringSelfFenceAfterTheGrant(t *testing.T) {
@@ -113,7 +111,7 @@ func TestStartUpRefusesBrokenOrdering(t *testing.T) {
 	parse := func(args ...string) error {
 		var c Config
 		fs := flag.NewFlagSet("t", flag.ContinueOnError)
-		c.RegisterFlags(fs)
+		c.RegisterFlags("", fs)
 		require.NoError(t, fs.Parse(append([]string{"--node-id", "a1", "--node-credential", "x", "--site-id", "s1",
 			"--dhcp.server-ip", "10.0.0.2", "--cache.dir", t.TempDir()}, args...)))
 		return c.Resolve()

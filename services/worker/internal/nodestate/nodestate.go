@@ -1,5 +1,5 @@
 // Package nodestate moves nodes between connected, disconnected and
-// unreachable (DESIGN.md section 8). The node reconciler is sharded by node
+// unreachable (docs/design.md#gateways). The node reconciler is sharded by node
 // id; a periodic singleton scan enqueues the nodes whose transition is due.
 //
 // Every transition carries the session epoch it observed, so a concurrent
@@ -36,7 +36,7 @@ type Config struct {
 	ScanLimit int
 }
 
-// DefaultConfig is DESIGN.md's defaults.
+// DefaultConfig is the defaults of docs/design.md#timings.
 func DefaultConfig() Config {
 	return Config{GatewayLossGrace: 120 * time.Second, ScanEvery: 5 * time.Second, ScanLimit: 10000}
 }

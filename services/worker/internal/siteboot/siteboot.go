@@ -1,5 +1,5 @@
 // Package siteboot holds each bare-metal site's boot lease, site:<id>:boot
-// (DESIGN.md section 9), on behalf of one connected site agent, and publishes
+// (docs/design.md#site-agents), on behalf of one connected site agent, and publishes
 // the grant into the agents' NodeSpecs.
 //
 // The lease's owner is the agent's node id: the agent is the holder, and the
@@ -13,12 +13,16 @@
 //	expired < promote-after ago ─────▶ wait (fence before promote)
 //	expired >= promote-after ago ────▶ promote the first connected agent by node id (epoch + 1)
 //
-// The grant is NodeSpec.site_boot = {active, epoch, site_id} plus attributes
-// site.boot.granted_at (compute_now() of the renewal), site.boot.lease_ttl_ms
-// and site.boot.promote_after_ms. An agent answers only within its
+// The grant is the typed NodeSpec.site_boot: {active, epoch, site_id,
+// lease_ttl, promote_after}, plus granted_at (compute_now() of the renewal)
+// and expires_at for the holder. An agent answers only within its
 // self-fence window (10 s) of granted_at, strictly before the lease, renewed
 // at granted_at, can expire (15 s), and a standby is promoted only after
 // that expiry: self-fence < TTL <= promote-after.
+//
+// For one release the grant is also published as the site.boot.* attributes
+// that site agents before the typed fields read (Attr*); the next release
+// drops them (docs/decisions.md, "Typed site boot grant").
 package siteboot
 
 import (
@@ -32,8 +36,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/leasehold/leasehold/pkg/coord"
+	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/queue"
 	"github.com/leasehold/leasehold/pkg/reconcile"
 )
@@ -41,7 +49,8 @@ import (
 // Reconciler is the work_queue reconciler name of site keys.
 const Reconciler = "sites"
 
-// Attribute keys of the grant in NodeSpec.attributes.
+// Attribute keys of the grant in NodeSpec.attributes, kept for one release
+// for agents that predate the typed SiteBoot fields.
 const (
 	AttrGrantedAt    = "site.boot.granted_at"
 	AttrExpiresAt    = "site.boot.expires_at"
@@ -72,7 +81,7 @@ type Config struct {
 	ScanLimit int
 }
 
-// DefaultConfig is DESIGN.md's defaults.
+// DefaultConfig is the defaults of docs/design.md#timings.
 func DefaultConfig() Config {
 	return Config{LeaseTTL: 15 * time.Second, PromoteAfter: 15 * time.Second, RenewEvery: 3 * time.Second,
 		ScanEvery: 5 * time.Second, ScanLimit: defaultScanLimit}
@@ -354,9 +363,18 @@ func promoteAt(expiresAt time.Time, cfg Config) time.Time {
 }
 
 func publish(ctx context.Context, tx pgx.Tx, nodeID, siteID, holder string, epoch int64, active bool, now, expiresAt time.Time, cfg Config) error {
-	sb, err := json.Marshal(map[string]any{"active": active, "epoch": strconv.FormatInt(epoch, 10), "site_id": siteID})
+	grant := &nodev1.SiteBoot{
+		Active: active, Epoch: uint64(epoch), SiteId: siteID,
+		LeaseTtl: durationpb.New(cfg.LeaseTTL), PromoteAfter: durationpb.New(cfg.PromoteAfter),
+	}
+	if active {
+		grant.GrantedAt, grant.ExpiresAt = timestamppb.New(now), timestamppb.New(expiresAt)
+	}
+	// protojson with the proto names: the spec is read back by the gateway
+	// with protojson into a NodeSpec.
+	sb, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(grant)
 	if err != nil {
-		return err
+		return fmt.Errorf("encode site boot grant: %w", err)
 	}
 	attrs := map[string]string{
 		AttrHolder:     holder,

@@ -9,7 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/encoding/protojson"
 
+	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/pgdb"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 )
@@ -103,6 +105,8 @@ type spec struct {
 	} `json:"site_boot"`
 	Attributes map[string]string `json:"attributes"`
 	version    int64
+	// typed is the spec as the gateway reads it (protojson into NodeSpec).
+	typed *nodev1.NodeSpec
 }
 
 func (f fixture) spec(t *testing.T, id string) spec {
@@ -113,6 +117,8 @@ func (f fixture) spec(t *testing.T, id string) spec {
 	)
 	require.NoError(t, f.db.QueryRow(context.Background(), "SELECT spec, spec_version FROM nodes WHERE id = $1", id).Scan(&raw, &s.version))
 	require.NoError(t, json.Unmarshal(raw, &s))
+	s.typed = &nodev1.NodeSpec{}
+	require.NoError(t, protojson.UnmarshalOptions{DiscardUnknown: true}.Unmarshal(raw, s.typed))
 	return s
 }
 
@@ -138,6 +144,13 @@ func TestFirstConnectedAgentByIDTakesTheLeaseAndOnlyItIsActive(t *testing.T) {
 	require.Equal(t, "15000", a.Attributes[AttrLeaseTTLMs])
 	require.Equal(t, "15000", a.Attributes[AttrPromoteMs])
 	require.Equal(t, "me", a.Attributes["keep"], "the rest of the spec is left alone")
+	sb := a.typed.GetSiteBoot()
+	require.Equal(t, f.cfg.LeaseTTL, sb.GetLeaseTtl().AsDuration())
+	require.Equal(t, f.cfg.PromoteAfter, sb.GetPromoteAfter().AsDuration())
+	require.NotNil(t, sb.GetGrantedAt(), "the holder's grant carries granted_at")
+	validFor := sb.GetExpiresAt().AsTime().Sub(sb.GetGrantedAt().AsTime())
+	require.Positive(t, validFor, "expires_at is after granted_at")
+	require.LessOrEqual(t, validFor, f.cfg.LeaseTTL, "expires_at is at most granted_at + TTL")
 	require.Equal(t, "r1", a.Labels["rack"])
 	for _, id := range []string{"agent-b", "agent-0"} {
 		s := f.spec(t, id)
@@ -145,6 +158,8 @@ func TestFirstConnectedAgentByIDTakesTheLeaseAndOnlyItIsActive(t *testing.T) {
 		require.Equal(t, "1", s.SiteBoot.Epoch)
 		require.Empty(t, s.Attributes[AttrGrantedAt])
 		require.Equal(t, "agent-a", s.Attributes[AttrHolder])
+		require.Nil(t, s.typed.GetSiteBoot().GetGrantedAt(), "a standby gets no granted_at")
+		require.Equal(t, f.cfg.LeaseTTL, s.typed.GetSiteBoot().GetLeaseTtl().AsDuration())
 	}
 	require.Empty(t, f.spec(t, "other").SiteBoot.SiteID, "another site is untouched")
 
@@ -171,6 +186,7 @@ func TestRenewalKeepsEpochAndRefreshesTheGrant(t *testing.T) {
 	second := f.spec(t, "a1")
 	require.True(t, second.SiteBoot.Active)
 	require.Greater(t, second.Attributes[AttrGrantedAt], first.Attributes[AttrGrantedAt], "a fresh grant")
+	require.True(t, second.typed.GetSiteBoot().GetGrantedAt().AsTime().After(first.typed.GetSiteBoot().GetGrantedAt().AsTime()), "a fresh typed grant")
 	require.Greater(t, second.version, first.version, "spec_version rose, so the gateway pushes it")
 	require.Equal(t, standby.version, f.spec(t, "a2").version, "an unchanged standby spec is not rewritten")
 }

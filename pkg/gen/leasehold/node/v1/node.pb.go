@@ -1224,7 +1224,20 @@ type SiteBoot struct {
 	// epoch is the boot lease epoch the agent holds; it tags discovery reports.
 	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// site_id is the site the lease is for.
-	SiteId        string `protobuf:"bytes,3,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	SiteId string `protobuf:"bytes,3,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	// granted_at is compute_now() of the renewal that published this grant
+	// (set only when active): the agent answers for at most its self-fence
+	// window from this instant, so a grant delivered late buys nothing.
+	GrantedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=granted_at,json=grantedAt,proto3" json:"granted_at,omitempty"`
+	// expires_at is when the boot lease renewed at granted_at expires (set
+	// only when active).
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// lease_ttl is the boot lease's TTL.
+	LeaseTtl *durationpb.Duration `protobuf:"bytes,6,opt,name=lease_ttl,json=leaseTtl,proto3" json:"lease_ttl,omitempty"`
+	// promote_after is the least time from the holder's last renewal to the
+	// promotion of another agent; the agent checks self-fence < lease_ttl <=
+	// promote_after and refuses a grant that breaks it.
+	PromoteAfter  *durationpb.Duration `protobuf:"bytes,7,opt,name=promote_after,json=promoteAfter,proto3" json:"promote_after,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1278,6 +1291,34 @@ func (x *SiteBoot) GetSiteId() string {
 		return x.SiteId
 	}
 	return ""
+}
+
+func (x *SiteBoot) GetGrantedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.GrantedAt
+	}
+	return nil
+}
+
+func (x *SiteBoot) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *SiteBoot) GetLeaseTtl() *durationpb.Duration {
+	if x != nil {
+		return x.LeaseTtl
+	}
+	return nil
+}
+
+func (x *SiteBoot) GetPromoteAfter() *durationpb.Duration {
+	if x != nil {
+		return x.PromoteAfter
+	}
+	return nil
 }
 
 var File_leasehold_node_v1_node_proto protoreflect.FileDescriptor
@@ -1376,11 +1417,17 @@ const file_leasehold_node_v1_node_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Q\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbf\x02\n" +
 	"\bSiteBoot\x12\x16\n" +
 	"\x06active\x18\x01 \x01(\bR\x06active\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x17\n" +
-	"\asite_id\x18\x03 \x01(\tR\x06siteId*S\n" +
+	"\asite_id\x18\x03 \x01(\tR\x06siteId\x129\n" +
+	"\n" +
+	"granted_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tgrantedAt\x129\n" +
+	"\n" +
+	"expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x126\n" +
+	"\tlease_ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\bleaseTtl\x12>\n" +
+	"\rpromote_after\x18\a \x01(\v2\x19.google.protobuf.DurationR\fpromoteAfter*S\n" +
 	"\bNodeKind\x12\x19\n" +
 	"\x15NODE_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eNODE_KIND_NODE\x10\x01\x12\x18\n" +
@@ -1455,13 +1502,17 @@ var file_leasehold_node_v1_node_proto_depIdxs = []int32{
 	17, // 24: leasehold.node.v1.NodeSpec.labels:type_name -> leasehold.node.v1.NodeSpec.LabelsEntry
 	15, // 25: leasehold.node.v1.NodeSpec.site_boot:type_name -> leasehold.node.v1.SiteBoot
 	18, // 26: leasehold.node.v1.NodeSpec.attributes:type_name -> leasehold.node.v1.NodeSpec.AttributesEntry
-	1,  // 27: leasehold.node.v1.NodeGatewayService.Connect:input_type -> leasehold.node.v1.ConnectRequest
-	2,  // 28: leasehold.node.v1.NodeGatewayService.Connect:output_type -> leasehold.node.v1.ConnectResponse
-	28, // [28:29] is the sub-list for method output_type
-	27, // [27:28] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	19, // 27: leasehold.node.v1.SiteBoot.granted_at:type_name -> google.protobuf.Timestamp
+	19, // 28: leasehold.node.v1.SiteBoot.expires_at:type_name -> google.protobuf.Timestamp
+	21, // 29: leasehold.node.v1.SiteBoot.lease_ttl:type_name -> google.protobuf.Duration
+	21, // 30: leasehold.node.v1.SiteBoot.promote_after:type_name -> google.protobuf.Duration
+	1,  // 31: leasehold.node.v1.NodeGatewayService.Connect:input_type -> leasehold.node.v1.ConnectRequest
+	2,  // 32: leasehold.node.v1.NodeGatewayService.Connect:output_type -> leasehold.node.v1.ConnectResponse
+	32, // [32:33] is the sub-list for method output_type
+	31, // [31:32] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_node_v1_node_proto_init() }

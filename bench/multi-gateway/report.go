@@ -212,7 +212,7 @@ func (r *result) judge(c config) {
 
 func (r *result) print(w io.Writer) {
 	row := func(k, v string, args ...any) { fmt.Fprintf(w, "| %-38s | %s |\n", k, fmt.Sprintf(v, args...)) }
-	fmt.Fprintf(w, "\nmultigateway: scenario %s, %d nodes, %d gateways behind HAProxy (%s timings)\n", r.Scenario, r.Nodes, r.Gateways, r.Timings)
+	fmt.Fprintf(w, "\nmulti-gateway: scenario %s, %d nodes, %d gateways behind HAProxy (%s timings)\n", r.Scenario, r.Nodes, r.Gateways, r.Timings)
 	fmt.Fprintf(w, "%s; %s; machine %s; %s\n", r.TimingsDesc, r.Database, r.Machine, r.Date)
 	fmt.Fprintf(w, "commands: %.0f/s via %s; worker --nodes.gateway-loss-grace %s; gateways --gateway.max-streams %d\n\n", r.RatePerSec, r.Producer, r.LossGrace, r.MaxStreams)
 	fmt.Fprintf(w, "| %-38s | %s |\n|%s|%s|\n", "measure", "value", strings.Repeat("-", 40), strings.Repeat("-", 60))

@@ -1,4 +1,4 @@
-// Command multigateway is the fleet simulator and failover gate: three real
+// Command multi-gateway is the fleet simulator and failover gate: three real
 // gateways behind HAProxy, the real worker, scheduler and api, real
 // PostgreSQL, and N simulated node daemons (pkg/daemon, one TCP connection
 // each) with commands flowing to random nodes throughout. It injures one
@@ -47,7 +47,7 @@ func main() {
 		c.scale.Epoch = time.Now() // every process and the database share it
 	}
 	if err := c.validate(); err != nil {
-		fmt.Fprintln(os.Stderr, "multigateway:", err)
+		fmt.Fprintln(os.Stderr, "multi-gateway:", err)
 		os.Exit(2)
 	}
 	var f *fleet.Fleet
@@ -59,12 +59,12 @@ func main() {
 	defer cancel()
 	res, err := run(ctx, c, func(fl *fleet.Fleet) { f = fl })
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "multigateway:", err)
+		fmt.Fprintln(os.Stderr, "multi-gateway:", err)
 		os.Exit(2)
 	}
 	res.print(os.Stdout)
 	if err := harness.WriteJSON(c.jsonPath, res); err != nil {
-		fmt.Fprintln(os.Stderr, "multigateway: write json:", err)
+		fmt.Fprintln(os.Stderr, "multi-gateway: write json:", err)
 		os.Exit(2) // -json was asked for and not written
 	}
 	if !res.Gate.Pass {

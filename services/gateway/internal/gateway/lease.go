@@ -1,0 +1,87 @@
+package gateway
+
+// The gateway lease: the keeper's callbacks that fence the gateway when the
+// lease is lost and resume serving when it is taken again, and the fenced
+// transactions every routing write runs in.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"connectrpc.com/connect"
+	"connectrpc.com/grpchealth"
+
+	"github.com/leasehold/leasehold/pkg/coord"
+	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
+	"github.com/leasehold/leasehold/pkg/health"
+)
+
+func (g *Gateway) stopKeeper() {
+	if g.keeperStop != nil {
+		g.keeperStop()
+		<-g.keeperDone
+	}
+}
+
+// fence is the self-fence: refuse Hellos, close every stream UNAVAILABLE,
+// answer not ready. It writes nothing to the database. The keeper has
+// already dropped the lease (it calls fence through OnLost) and goes on
+// taking it again; leaseTaken resumes serving.
+func (g *Gateway) fence(reason string) {
+	g.fenceMu.Lock()
+	defer g.fenceMu.Unlock()
+	if g.Fenced() {
+		return
+	}
+	g.generation.Add(1)
+	g.fenceReason = reason
+	g.state.Store(stateFenced)
+	g.m.role.Set(health.RoleFenced)
+	g.m.selfFences.Inc()
+	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusNotServing)
+	g.checker.SetStatus("", grpchealth.StatusNotServing)
+	g.log.Error("gateway fenced itself: closing every stream; it serves again once it holds its lease at a new epoch",
+		"reason", reason, "lease", g.keeper.Name())
+	for _, s := range g.snapshot() {
+		s.close(connect.NewError(connect.CodeUnavailable, fmt.Errorf("gateway %s fenced itself: %s", g.id, reason)))
+	}
+	close(g.fencedCh)
+}
+
+// leaseTaken is the keeper's OnAcquired: at start nothing happens (starting
+// goes on); after a fence the gateway serves again at the new epoch.
+func (g *Gateway) leaseTaken(l coord.Lease) {
+	g.fenceMu.Lock()
+	defer g.fenceMu.Unlock()
+	if !g.Fenced() || g.stopping.Load() {
+		return
+	}
+	g.fencedCh = make(chan struct{})
+	g.state.Store(stateServing)
+	g.m.role.Set(health.RoleActive)
+	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusServing)
+	g.checker.SetStatus("", grpchealth.StatusServing)
+	g.log.Info("gateway serving again", "lease", l.Name, "epoch", l.Epoch, "fenced_for", g.fenceReason)
+	g.wakeDispatch("")
+}
+
+// fenced returns a channel closed at the next fence.
+func (g *Gateway) fenced() <-chan struct{} {
+	g.fenceMu.Lock()
+	defer g.fenceMu.Unlock()
+	return g.fencedCh
+}
+
+// runFenced runs fn fenced on the gateway lease; a fence that finds the
+// lease lost fences the gateway (through the keeper's OnLost).
+func (g *Gateway) runFenced(ctx context.Context, fn func(ctx context.Context, tx pgxTx) error) error {
+	err := g.keeper.RunFenced(ctx, g.db, fn)
+	if errors.Is(err, coord.ErrLeaseLost) {
+		g.m.fenceFailures.Inc()
+	}
+	if err != nil {
+		return fmt.Errorf("fenced on %s: %w", g.keeper.Name(), err)
+	}
+	return nil
+}
