@@ -183,7 +183,7 @@ func runChaos(t *testing.T, duration time.Duration, dbFaults bool) {
 	}
 	deadline := time.Now().Add(duration)
 	for time.Now().Before(deadline) {
-		time.Sleep(time.Duration(200+rng.IntN(1300)) * time.Millisecond)
+		time.Sleep(time.Duration(200+rng.IntN(1300)) * time.Millisecond) // the schedule: the next fault in 0.2-1.5 s
 		now := time.Now()
 		for _, id := range ids {
 			if at, ok := paused[id]; ok && now.After(at) {
@@ -231,7 +231,7 @@ func runChaos(t *testing.T, duration time.Duration, dbFaults bool) {
 			faults["db-restart"]++
 		case 5: // the database is away for 1-6 s
 			srv.Stop(t)
-			time.Sleep(time.Duration(1000+rng.IntN(5000)) * time.Millisecond)
+			time.Sleep(time.Duration(1000+rng.IntN(5000)) * time.Millisecond) // the fault: the outage
 			srv.Start(t)
 			faults["db-outage"]++
 		}
