@@ -47,6 +47,9 @@ func TestDatabaseOutageRecoversInPlace(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real processes and a long database outage")
 	}
+	if os.Getenv("LEASEHOLD_GATEWAY_HTTP2_SERVER") == "std" {
+		t.Skip("the HTTP/2 server plays no part in a database outage: runs in the default and PgBouncer modes")
+	}
 	outage := outageLength(t)
 	srv := pgtest.Server(t)
 	db := pgtest.NewDB(t)

@@ -131,6 +131,13 @@ func startLoad(t *testing.T, db *pgxpool.Pool, prefix string, nodes []string, ev
 	return l
 }
 
+// acknowledged returns the ids whose insert has committed so far.
+func (l *commandLoad) acknowledged() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.ok...)
+}
+
 func (l *commandLoad) stop() {
 	select {
 	case <-l.stopC:

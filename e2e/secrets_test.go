@@ -45,7 +45,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 
 	gw := fleettest.StartGateway(t, db.URL, "gw_sec", append(slices.Clone(fleettest.FastGateway), "--log-level", "debug", "--health-token", healthToken)...)
 	w := fleettest.StartService(t, "worker", db.URL, "w_sec", append(slices.Clone(fleettest.FastCoord), "--log-level", "debug", "--health-token", healthToken,
-		"--sinks.refresh", "200ms")...)
+		"--sinks.refresh", "200ms", "--sinks.allow-loopback")...)
 	ids, creds := fleettest.RegisterNodes(t, db.Pool, "snode", 3)
 	// Nodes 0 and 1 connect properly; node 2 says Hello with node 1's
 	// credential and must be refused.

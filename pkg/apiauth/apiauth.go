@@ -13,8 +13,10 @@ package apiauth
 
 import (
 	"bufio"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -224,4 +226,25 @@ func BearerToken(header string) (string, bool) {
 	}
 	token = strings.TrimSpace(token)
 	return token, token != ""
+}
+
+// TokenPrefix starts every token GenerateToken makes, so a leaked one is
+// easy to recognise (secret scanners, logs).
+const TokenPrefix = "lhapi_"
+
+// GenerateToken returns a new token: TokenPrefix and 32 bytes from
+// crypto/rand in unpadded base64url (256 bits, 49 printable characters
+// that need no quoting in a shell, a header or a tokens file).
+func GenerateToken() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("generate token: %w", err)
+	}
+	return TokenPrefix + base64.RawURLEncoding.EncodeToString(b), nil
+}
+
+// ConfigLine is the tokens-file line that gives token role without
+// holding the token in clear: "role:sha256:<hex>".
+func ConfigLine(role Role, token string) string {
+	return role.String() + ":" + HashToken(token)
 }

@@ -94,3 +94,24 @@ func TestBearerToken(t *testing.T) {
 		require.False(t, ok, h)
 	}
 }
+
+func TestGenerateTokenIsAcceptedAndUnique(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for range 100 {
+		tok, err := GenerateToken()
+		require.NoError(t, err)
+		require.True(t, strings.HasPrefix(tok, TokenPrefix))
+		require.Len(t, tok, len(TokenPrefix)+43)
+		require.False(t, seen[tok], "a token repeated")
+		seen[tok] = true
+		// Both forms configure it: in clear and hashed.
+		for _, line := range []string{"operator:" + tok, ConfigLine(RoleOperator, tok)} {
+			k, err := Parse("test", strings.NewReader(line))
+			require.NoError(t, err, line)
+			id, ok := k.Authenticate(tok)
+			require.True(t, ok)
+			require.Equal(t, RoleOperator, id.Role)
+		}
+	}
+}

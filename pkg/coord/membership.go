@@ -108,16 +108,19 @@ type HeartbeatInfo struct {
 	ClockSkew  time.Duration
 	NotifyMode string
 	LeasesHeld int
+	// Liveness: the member's liveness session holds its lock, so survivors
+	// may take over as soon as that session ends (liveness.go).
+	Liveness bool
 }
 
 const heartbeatSQL = `
 WITH hb AS (
-  INSERT INTO workers (id, member_group, process_id, hostname, version, clock_skew_ms, notify_mode, leases_held, heartbeat_at)
-  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, compute_now())
+  INSERT INTO workers (id, member_group, process_id, hostname, version, clock_skew_ms, notify_mode, leases_held, liveness, heartbeat_at)
+  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $11, compute_now())
   ON CONFLICT (id) DO UPDATE SET
     member_group = EXCLUDED.member_group, process_id = EXCLUDED.process_id,
     hostname = EXCLUDED.hostname, version = EXCLUDED.version,
-    clock_skew_ms = EXCLUDED.clock_skew_ms, notify_mode = EXCLUDED.notify_mode,
+    clock_skew_ms = EXCLUDED.clock_skew_ms, notify_mode = EXCLUDED.notify_mode, liveness = EXCLUDED.liveness,
     leases_held = EXCLUDED.leases_held, heartbeat_at = compute_now()
   RETURNING id, heartbeat_at
 ), forgotten AS (
@@ -138,7 +141,7 @@ func Heartbeat(ctx context.Context, db pgdb.Querier, g Group, rowID string, info
 		mode = "polling"
 	}
 	rows, err := db.Query(ctx, heartbeatSQL, rowID, g.Name, info.ProcessID, info.Hostname, info.Version,
-		info.ClockSkew.Milliseconds(), mode, info.LeasesHeld, t.LiveWindow.Seconds(), t.ForgetAfter.Seconds())
+		info.ClockSkew.Milliseconds(), mode, info.LeasesHeld, t.LiveWindow.Seconds(), t.ForgetAfter.Seconds(), info.Liveness)
 	if err != nil {
 		return nil, fmt.Errorf("heartbeat %s in %s: %w", rowID, g.Name, err)
 	}

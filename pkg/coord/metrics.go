@@ -12,6 +12,9 @@ type metrics struct {
 	clockSkew    prometheus.Gauge
 	passes       *prometheus.CounterVec
 	liveMembers  *prometheus.GaugeVec
+
+	livenessUp        prometheus.Gauge
+	livenessTakeovers prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -35,9 +38,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "leasehold_membership_passes_total", Help: "Membership passes by trigger."}, []string{"trigger"}),
 		liveMembers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "leasehold_live_members", Help: "Live members of each group at the last pass."}, []string{"group"}),
+		livenessUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "leasehold_liveness_session_up", Help: "1 while this process's liveness session holds its lock and answered its last ping; 0 otherwise or with liveness off."}),
+		livenessTakeovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leasehold_liveness_takeovers_total", Help: "Dead members whose leases this process released after their liveness session ended."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.leasesHeld, m.shardsOwned, m.epochs, m.renewSeconds, m.renewFails, m.leasesLost, m.clockSkew, m.passes, m.liveMembers)
+		reg.MustRegister(m.leasesHeld, m.shardsOwned, m.epochs, m.renewSeconds, m.renewFails, m.leasesLost, m.clockSkew, m.passes, m.liveMembers, m.livenessUp, m.livenessTakeovers)
 	}
 	return m
 }

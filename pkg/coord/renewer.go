@@ -6,15 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/grafana/dskit/services"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgxlisten"
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -35,6 +32,9 @@ type RenewerConfig struct {
 	NotifyURL string
 	// Version is reported on the workers row.
 	Version string
+	// Liveness configures the liveness session (liveness.go); an empty URL
+	// leaves the TTL path alone.
+	Liveness LivenessConfig
 }
 
 // Renewer is the lease-renewal loop of one process (DESIGN.md sections 5
@@ -55,6 +55,7 @@ type Renewer struct {
 
 	trigger chan string
 	halted  atomic.Bool
+	live    *livenessSession // nil with liveness off
 
 	mu          sync.RWMutex
 	held        map[string]Lease // by name
@@ -77,6 +78,9 @@ func NewRenewer(cfg RenewerConfig, client *Client, logger *slog.Logger, reg prom
 			return nil, err
 		}
 	}
+	if err := cfg.Liveness.Validate(cfg.Timings.LeaseTTL); err != nil {
+		return nil, err
+	}
 	if clock == nil {
 		clock = clockwork.NewRealClock()
 	}
@@ -89,52 +93,20 @@ func NewRenewer(cfg RenewerConfig, client *Client, logger *slog.Logger, reg prom
 		trigger: make(chan string, 1), held: map[string]Lease{}, lastMembers: map[string][]Member{},
 		changed: make(chan struct{}), notifyMode: "polling",
 	}
+	if cfg.Liveness.URL != "" {
+		groups := []string{Singletons.Name}
+		for _, g := range cfg.Groups {
+			groups = append(groups, g.Name)
+		}
+		r.live = &livenessSession{cfg: cfg.Liveness, owner: client.Owner(), groups: groups, db: client.db, clock: clock,
+			log: logger, m: r.m, onPeer: func() { r.Trigger("liveness-takeover") }, deadSince: map[string]time.Time{}}
+	}
 	r.skew = NewSkewDetector(DefaultSkewThreshold, logger, func(d time.Duration) { r.m.clockSkew.Set(d.Seconds()) })
 	client.skew = r.skew
 	// The renewal loop stalls when a pass has not completed for a full TTL.
 	r.loop = health.NewLoop("lease-renewal", cfg.Timings.LeaseTTL, clock.Now)
 	r.BasicService = services.NewBasicService(nil, r.running, r.stopping).WithName("lease-renewal")
 	return r, nil
-}
-
-func (r *Renewer) singletons() []string {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	return append([]string(nil), r.cfg.Singletons...)
-}
-
-// AddSingleton starts taking singleton lease name from the next pass on.
-func (r *Renewer) AddSingleton(name string) error {
-	if err := ValidateName(name); err != nil {
-		return err
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, s := range r.cfg.Singletons {
-		if s == name {
-			return nil
-		}
-	}
-	r.cfg.Singletons = append(r.cfg.Singletons, name)
-	r.Trigger("singleton-added")
-	return nil
-}
-
-// RemoveSingleton stops taking name and releases it if held, so another
-// process need not wait for the TTL (a deleted sink, say).
-func (r *Renewer) RemoveSingleton(ctx context.Context, name string) error {
-	r.mu.Lock()
-	kept := r.cfg.Singletons[:0:0]
-	for _, s := range r.cfg.Singletons {
-		if s != name {
-			kept = append(kept, s)
-		}
-	}
-	r.cfg.Singletons = kept
-	r.mu.Unlock()
-	released, err := r.client.Release(ctx, name)
-	r.forget(released...)
-	return err
 }
 
 // Loop is the renewal loop's progress watchdog, for /livez.
@@ -151,151 +123,14 @@ func (r *Renewer) Trigger(reason string) {
 	}
 }
 
-// Lease returns the held lease called name while it is still valid on the
-// process clock.
-func (r *Renewer) Lease(name string) (Lease, bool) {
-	r.mu.RLock()
-	l, ok := r.held[name]
-	r.mu.RUnlock()
-	if !ok || !r.clock.Now().Before(l.ValidUntil) {
-		return Lease{}, false
-	}
-	return l, true
-}
-
-// Shards returns the shards of g this process holds validly, sorted.
-func (r *Renewer) Shards(g Group) []int {
-	now := r.clock.Now()
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	var out []int
-	for name, l := range r.held {
-		if n, ok := g.ShardOfLease(name); ok && now.Before(l.ValidUntil) {
-			out = append(out, n)
-		}
-	}
-	sort.Ints(out)
-	return out
-}
-
-// Held returns every lease held validly now.
-func (r *Renewer) Held() []Lease {
-	now := r.clock.Now()
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	out := make([]Lease, 0, len(r.held))
-	for _, l := range r.held {
-		if now.Before(l.ValidUntil) {
-			out = append(out, l)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
-}
-
-// Changed returns a channel closed at the next change of the held set.
-func (r *Renewer) Changed() <-chan struct{} {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	return r.changed
-}
-
-// NotifyMode is "listen" while LISTEN is connected and "polling" otherwise.
-func (r *Renewer) NotifyMode() string {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	return r.notifyMode
-}
-
-func (r *Renewer) setPassErr(err error) {
-	r.mu.Lock()
-	r.passErr = err
-	r.mu.Unlock()
-}
-
-// Ready reports whether the process can reach the database and holds what it
-// should: nil after a successful pass in which, for every sharded group, it
-// holds at least one shard or was planned none. Before the first pass, and
-// while passes fail, it returns why.
-func (r *Renewer) Ready() error {
-	r.mu.RLock()
-	err, planned, passed := r.passErr, r.planned, !r.lastPass.IsZero()
-	r.mu.RUnlock()
-	if err != nil {
-		return fmt.Errorf("last membership pass failed: %w", err)
-	}
-	if !passed {
-		return errors.New("no membership pass has completed yet")
-	}
-	for _, g := range r.cfg.Groups {
-		if planned[g.Name] > 0 && len(r.Shards(g)) == 0 {
-			return fmt.Errorf("holds none of the %d shards of group %s planned for it", planned[g.Name], g.Name)
-		}
-	}
-	return nil
-}
-
-func (r *Renewer) setNotifyMode(m string) {
-	r.mu.Lock()
-	r.notifyMode = m
-	r.mu.Unlock()
-}
-
-// Detail is the renewer's section of /healthz/detail.
-func (r *Renewer) Detail(context.Context) any {
-	held := r.Held()
-	type lease struct {
-		Name      string    `json:"name"`
-		Epoch     int64     `json:"epoch"`
-		ExpiresAt time.Time `json:"expires_at"`
-	}
-	out := struct {
-		Owner       string              `json:"owner"`
-		NotifyMode  string              `json:"notify_mode"`
-		LoopAge     string              `json:"renewal_loop_age"`
-		Waiting     string              `json:"waiting_for,omitempty"`
-		Ready       string              `json:"ready"`
-		ClockSkew   string              `json:"clock_skew"`
-		Shards      map[string]int      `json:"shards_held"`
-		Singletons  []lease             `json:"singletons"`
-		LiveMembers map[string][]string `json:"live_members"`
-	}{Owner: r.client.Owner(), NotifyMode: r.NotifyMode(), LoopAge: r.loop.Age().Round(time.Millisecond).String(),
-		Shards: map[string]int{}, LiveMembers: map[string][]string{}}
-	skew, _ := r.skew.Last()
-	out.ClockSkew = skew.String()
-	out.Waiting, _ = r.loop.Waiting()
-	out.Ready = "yes"
-	if err := r.Ready(); err != nil {
-		out.Ready = err.Error()
-	}
-	for _, g := range r.cfg.Groups {
-		out.Shards[g.Name] = len(r.Shards(g))
-	}
-	for _, l := range held {
-		if _, isShard := r.shardGroup(l.Name); !isShard {
-			out.Singletons = append(out.Singletons, lease{l.Name, l.Epoch, l.ExpiresAt})
-		}
-	}
-	r.mu.RLock()
-	for g, ms := range r.lastMembers {
-		for _, m := range ms {
-			out.LiveMembers[g] = append(out.LiveMembers[g], m.ID)
-		}
-	}
-	r.mu.RUnlock()
-	return out
-}
-
-func (r *Renewer) shardGroup(name string) (Group, bool) {
-	for _, g := range r.cfg.Groups {
-		if _, ok := g.ShardOfLease(name); ok {
-			return g, true
-		}
-	}
-	return Group{}, false
-}
-
 func (r *Renewer) running(ctx context.Context) error {
+	if r.live != nil {
+		lctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		done := make(chan struct{})
+		defer func() { cancel(); <-done }()
+		go func() { defer close(done); r.live.run(lctx) }()
+	}
 	if url := r.cfg.NotifyURL; url != "" {
 		lctx, cancel := context.WithCancel(ctx)
 		defer cancel()
@@ -348,7 +183,14 @@ func (r *Renewer) pass(ctx context.Context, trigger string) {
 	}
 	r.m.passes.WithLabelValues(trigger).Inc()
 	start := r.clock.Now()
-	if err := r.doPass(ctx); err != nil {
+	var (
+		gen     uint64
+		flagged bool
+	)
+	if r.live != nil {
+		gen, flagged = r.live.generation(), r.live.up()
+	}
+	if err := r.doPass(ctx, flagged); err != nil {
 		if ctx.Err() != nil {
 			return
 		}
@@ -365,17 +207,22 @@ func (r *Renewer) pass(ctx context.Context, trigger string) {
 		return
 	}
 	r.setPassErr(nil)
+	if r.live != nil {
+		// The leases this pass returned are ours under the session that
+		// was up when it began (or, with it down, under the TTL path).
+		r.live.passed(gen, flagged)
+	}
 	r.loop.Beat()
 	r.logger.Debug("membership pass", "trigger", trigger, "took", r.clock.Since(start), "held", len(r.held))
 }
 
-func (r *Renewer) doPass(ctx context.Context) error {
+func (r *Renewer) doPass(ctx context.Context, liveness bool) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timings.LeaseTTL/3)
 	defer cancel()
 	t := r.cfg.Timings
 	skew, _ := r.skew.Last()
 	info := HeartbeatInfo{ProcessID: r.client.Owner(), Hostname: r.host, Version: r.cfg.Version,
-		ClockSkew: skew, NotifyMode: r.NotifyMode(), LeasesHeld: len(r.Held())}
+		ClockSkew: skew, NotifyMode: r.NotifyMode(), LeasesHeld: len(r.Held()), Liveness: liveness}
 
 	groups := r.cfg.Groups
 	if len(groups) == 0 {
@@ -492,86 +339,6 @@ func (r *Renewer) finishPass(members map[string][]Member, planned map[string]int
 	r.mu.Unlock()
 }
 
-// apply replaces the held set with the grant; a previously held name that
-// was wanted but not granted has been lost.
-func (r *Renewer) apply(g Grant, want []string) {
-	r.mu.Lock()
-	before := len(r.held)
-	added := 0
-	wanted := make(map[string]bool, len(want))
-	for _, n := range want {
-		wanted[n] = true
-	}
-	next := make(map[string]Lease, len(g.Leases))
-	for _, l := range g.Leases {
-		if old, ok := r.held[l.Name]; !ok || old.Epoch != l.Epoch {
-			added++
-			if _, shard := r.shardGroup(l.Name); !shard {
-				r.logger.Info("singleton lease taken", "lease", l.Name, "epoch", l.Epoch)
-			}
-		}
-		next[l.Name] = l
-	}
-	var lost []string
-	for name := range r.held {
-		if _, ok := next[name]; !ok && wanted[name] {
-			lost = append(lost, name)
-		}
-	}
-	r.held = next
-	changed := added > 0 || len(lost) > 0 || before != len(next)
-	if changed {
-		close(r.changed)
-		r.changed = make(chan struct{})
-	}
-	r.mu.Unlock()
-	if len(lost) > 0 {
-		r.m.leasesLost.Add(float64(len(lost)))
-		r.logger.Warn("leases lost: another owner holds them now", "count", len(lost), "leases", truncate(lost, 8))
-	}
-	if added > 0 {
-		r.logger.Info("leases acquired", "count", added, "held", len(next))
-	}
-	r.exportHeld()
-}
-
-func (r *Renewer) forget(names ...string) {
-	if len(names) == 0 {
-		return
-	}
-	r.mu.Lock()
-	for _, n := range names {
-		delete(r.held, n)
-	}
-	close(r.changed)
-	r.changed = make(chan struct{})
-	r.mu.Unlock()
-	r.exportHeld()
-}
-
-func (r *Renewer) exportHeld() {
-	held := r.Held()
-	r.m.leasesHeld.Set(float64(len(held)))
-	for _, g := range r.cfg.Groups {
-		r.m.shardsOwned.WithLabelValues(g.Name).Set(float64(len(r.Shards(g))))
-	}
-	epochs := map[string]int64{}
-	for _, l := range held {
-		epochs[l.Name] = l.Epoch
-	}
-	for _, s := range r.singletons() {
-		r.m.epochs.WithLabelValues(s).Set(float64(epochs[s]))
-	}
-}
-
-func truncate(s []string, n int) []string {
-	sort.Strings(s)
-	if len(s) > n {
-		return append(s[:n:n], fmt.Sprintf("… %d more", len(s)-n))
-	}
-	return s
-}
-
 // stopping releases every lease this process holds and deletes its workers
 // rows, so survivors take over on their next pass (at once, through NOTIFY).
 func (r *Renewer) stopping(_ error) error {
@@ -605,58 +372,4 @@ func (r *Renewer) SelfRelease(ctx context.Context) ([]string, error) {
 	released, err := r.client.ReleaseAll(ctx)
 	r.forget(released...)
 	return released, err
-}
-
-// listen keeps a LISTEN connection on ReleaseChannel and triggers a pass when
-// a lease this process wants is released. pgxlisten reconnects after errors;
-// on every (re)connect a pass runs, since notifications may have been missed.
-func (r *Renewer) listen(ctx context.Context, url string) {
-	l := &pgxlisten.Listener{
-		Connect: func(ctx context.Context) (*pgx.Conn, error) {
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			defer cancel()
-			return pgx.Connect(cctx, url)
-		},
-		LogError: func(ctx context.Context, err error) {
-			r.setNotifyMode("polling")
-			if ctx.Err() == nil {
-				r.logger.Warn("LISTEN connection lost; polling until it is back", "err", err)
-			}
-		},
-		ReconnectDelay: time.Second,
-	}
-	l.Handle(ReleaseChannel, releaseHandler{r})
-	_ = l.Listen(ctx)
-	r.setNotifyMode("polling")
-}
-
-type releaseHandler struct{ r *Renewer }
-
-func (h releaseHandler) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
-	if h.r.interested(n.Payload) {
-		h.r.Trigger("notify")
-	}
-	return nil
-}
-
-// interested reports whether a released lease is one this process may take:
-// a singleton it runs or a shard of one of its groups that it does not hold.
-func (r *Renewer) interested(name string) bool {
-	for _, s := range r.singletons() {
-		if s == name {
-			return true
-		}
-	}
-	if _, ok := r.shardGroup(name); ok {
-		_, held := r.Lease(name)
-		return !held
-	}
-	return false
-}
-
-// HandleBacklog runs on every (re)connect of the LISTEN connection.
-func (h releaseHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
-	h.r.setNotifyMode("listen")
-	h.r.Trigger("listen-connected")
-	return nil
 }

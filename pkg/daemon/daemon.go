@@ -27,6 +27,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/leasehold/leasehold/pkg/buildinfo"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
 	"github.com/leasehold/leasehold/pkg/nodeauth"
@@ -53,7 +54,9 @@ type Config struct {
 	NodeID, Credential string
 	// Kind defaults to NODE_KIND_NODE.
 	Kind nodev1.NodeKind
-	// SiteID, Labels and Version are reported on Hello.
+	// SiteID, Labels and Version are reported on Hello; an empty Version
+	// reports the build's (pkg/buildinfo), which the gateway stores as the
+	// node's daemon_version.
 	SiteID  string
 	Labels  map[string]string
 	Version string
@@ -138,6 +141,9 @@ func New(cfg Config) (*Daemon, error) {
 	def(&cfg.PingTimeout, 5*time.Second)
 	if cfg.Kind == nodev1.NodeKind_NODE_KIND_UNSPECIFIED {
 		cfg.Kind = nodev1.NodeKind_NODE_KIND_NODE
+	}
+	if cfg.Version == "" {
+		cfg.Version = buildinfo.Version()
 	}
 	if cfg.MaxMessageBytes <= 0 {
 		cfg.MaxMessageBytes = 4 << 20

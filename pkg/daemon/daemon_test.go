@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/leasehold/leasehold/pkg/buildinfo"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
 )
@@ -252,4 +253,47 @@ func TestFileJournalInterruptedCommandIsNotRerun(t *testing.T) {
 	r, _ = j.Seen("started-only")
 	require.Equal(t, "started-only/interrupted", r.GetResultId())
 	require.Empty(t, sent)
+}
+
+// TestHelloCarriesTheBuildVersion: a daemon configured without a version
+// reports the build's (pkg/buildinfo) in Hello.daemon_version, which the
+// gateway stores on the node; a configured one wins.
+func TestHelloCarriesTheBuildVersion(t *testing.T) {
+	t.Parallel()
+	for _, configured := range []string{"", "custom-1.0"} {
+		hellos := make(chan *nodev1.Hello, 1)
+		f := &fakeGateway{script: func(n int64, ctx context.Context, s *stream) error {
+			m, err := s.Receive()
+			if err != nil {
+				return err
+			}
+			select {
+			case hellos <- m.GetHello():
+			default:
+			}
+			<-ctx.Done()
+			return nil
+		}}
+		addr := startFake(t, f)
+		d, err := New(Config{Address: addr, NodeID: "n1", Credential: "c", Version: configured,
+			Handler: func(context.Context, *nodev1.Command) Outcome { return Outcome{} }})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = d.Run(ctx) }()
+		var h *nodev1.Hello
+		select {
+		case h = <-hellos:
+		case <-time.After(30 * time.Second):
+			t.Fatal("no Hello")
+		}
+		cancel()
+		<-done
+		want := configured
+		if want == "" {
+			want = buildinfo.Version()
+		}
+		require.Equal(t, want, h.GetDaemonVersion())
+		require.NotEmpty(t, h.GetDaemonVersion())
+	}
 }

@@ -7,6 +7,8 @@
 //   - /healthz/detail: JSON for operators (leases, epochs, loop ages, role),
 //     behind a bearer token compared in constant time.
 //   - /metrics: Prometheus exposition of the process's own registry.
+//   - /debug/pprof/: Go's profiles, behind the same token as
+//     /healthz/detail (pprof.go).
 package health
 
 import (
@@ -73,13 +75,14 @@ func (h *Handler) AddDetail(name string, fn func(ctx context.Context) any) {
 	h.details[name] = fn
 }
 
-// ServeMux returns a mux with the four endpoints; callers may add more.
+// ServeMux returns a mux with the endpoints above; callers may add more.
 func (h *Handler) ServeMux() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /livez", h.serveChecks(func() map[string]Check { return h.live }))
 	mux.HandleFunc("GET /readyz", h.serveChecks(func() map[string]Check { return h.ready }))
 	mux.HandleFunc("GET /healthz/detail", h.serveDetail)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(h.gatherer, promhttp.HandlerOpts{}))
+	h.mountPprof(mux)
 	return mux
 }
 

@@ -18,7 +18,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
@@ -52,6 +51,7 @@ type Options struct {
 
 // Bouncer is a running PgBouncer.
 type Bouncer struct {
+	mu   sync.Mutex // guards opts' server address across Repoint
 	opts Options
 	dir  string
 	cmd  *exec.Cmd
@@ -102,8 +102,8 @@ func Start(ctx context.Context, opts Options) (*Bouncer, error) {
 		return nil, fmt.Errorf("pgbouncer: temp dir: %w", err)
 	}
 	b := &Bouncer{opts: opts, dir: dir, logs: &syncBuffer{}, done: make(chan struct{})}
-	ini := filepath.Join(dir, "pgbouncer.ini")
-	users := filepath.Join(dir, "userlist.txt")
+	ini := b.iniPath()
+	users := b.userlistPath()
 	if err := os.WriteFile(ini, []byte(b.config(users)), 0o600); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("pgbouncer: write config: %w", err)
@@ -174,6 +174,7 @@ pidfile =
 logfile =
 auth_type = scram-sha-256
 auth_file = %s
+admin_users = %s
 pool_mode = transaction
 default_pool_size = %d
 min_pool_size = 0
@@ -190,7 +191,7 @@ server_tls_sslmode = disable
 log_connections = 0
 log_disconnections = 0
 log_pooler_errors = 1
-`, o.ServerHost, o.ServerPort, o.Port, userlist, o.PoolSize, o.MaxClientConn, o.MaxUserConns)
+`, o.ServerHost, o.ServerPort, o.Port, userlist, o.User, o.PoolSize, o.MaxClientConn, o.MaxUserConns)
 }
 
 // Port is PgBouncer's listen port on 127.0.0.1.

@@ -31,11 +31,29 @@ type Config struct {
 	// statements use the simple protocol's exec mode without a statement
 	// cache so nothing outlives a transaction.
 	Pooler bool
+	// Setting names where URL came from in errors ("--database-url");
+	// empty: "database url".
+	Setting string
+	// ReadOnly marks a pool that never writes (doctor): it may reach a
+	// standby and list several hosts without target_session_attrs. Any
+	// other pool refuses both (a *URLError naming Setting).
+	ReadOnly bool
+	// Tracer, when set, traces the pool's queries (tracing.PgxTracer).
+	Tracer pgx.QueryTracer
+}
+
+func (c Config) setting() string {
+	if c.Setting == "" {
+		return "database url"
+	}
+	return c.Setting
 }
 
 // Connect opens a pool and pings it. A down database is an error here; a
 // database that goes away later is redialled on the next checkout, so a
-// restarted or promoted server needs no process restart.
+// restarted or promoted server needs no process restart. Unless
+// cfg.ReadOnly, a server in recovery (a standby) is refused with a
+// *URLError wrapping ErrStandby: leasehold's writes would all fail there.
 func Connect(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	pcfg, err := PoolConfig(cfg)
 	if err != nil {
@@ -51,17 +69,31 @@ func Connect(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 		pool.Close()
 		return nil, fmt.Errorf("ping database: %w", err)
 	}
+	if !cfg.ReadOnly {
+		if err := checkPrimary(pingCtx, pool, &pcfg.ConnConfig.Config, cfg.setting()); err != nil {
+			pool.Close()
+			return nil, err
+		}
+	}
 	return pool, nil
 }
 
 // PoolConfig builds the pgxpool configuration for cfg without dialling.
+// Unless cfg.ReadOnly, a URL listing several hosts without
+// target_session_attrs=read-write (or primary) is refused with a *URLError
+// wrapping ErrMultiHostAnyServer.
 func PoolConfig(cfg Config) (*pgxpool.Config, error) {
 	if cfg.URL == "" {
-		return nil, errors.New("database url is empty")
+		return nil, fmt.Errorf("%s is empty", cfg.setting())
 	}
 	pcfg, err := pgxpool.ParseConfig(cfg.URL)
 	if err != nil {
-		return nil, fmt.Errorf("parse database url: %w", err)
+		return nil, fmt.Errorf("parse %s: %w", cfg.setting(), err)
+	}
+	if !cfg.ReadOnly {
+		if err := checkConfig(&pcfg.ConnConfig.Config, cfg.setting()); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.MaxConns > 0 {
 		pcfg.MaxConns = cfg.MaxConns
@@ -77,6 +109,9 @@ func PoolConfig(cfg Config) (*pgxpool.Config, error) {
 		pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 		pcfg.ConnConfig.StatementCacheCapacity = 0
 		pcfg.ConnConfig.DescriptionCacheCapacity = 0
+	}
+	if cfg.Tracer != nil {
+		pcfg.ConnConfig.Tracer = cfg.Tracer
 	}
 	pcfg.HealthCheckPeriod = 5 * time.Second
 	pcfg.MaxConnIdleTime = time.Minute

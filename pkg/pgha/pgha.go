@@ -215,9 +215,13 @@ func (p *Pair) WriterURL() string {
 // MultiHostURL lists both servers with target_session_attrs=read-write: a
 // client connects to the first one that accepts writes, so a pool on it
 // follows a promotion with no change of configuration.
-func (p *Pair) MultiHostURL() string {
+func (p *Pair) MultiHostURL() string { return p.MultiHostURLFor(DBName) }
+
+// MultiHostURLFor is MultiHostURL for database db (one created on the
+// primary after the start replicates like any other write).
+func (p *Pair) MultiHostURLFor(db string) string {
 	return fmt.Sprintf("postgres://postgres:postgres@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=read-write",
-		p.primary.Port(), p.standby.Port(), DBName)
+		p.primary.Port(), p.standby.Port(), db)
 }
 
 // Promoted reports whether Promote ran.

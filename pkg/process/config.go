@@ -1,7 +1,8 @@
 // Package process is the shared skeleton of every leasehold service's main:
 // flags with LEASEHOLD_* environment fallbacks, a slog logger, a Prometheus
-// registry, the pgx pool, optional migrations, the health endpoints, and a
-// dskit services.Manager that starts the service's components and stops
+// registry, OpenTelemetry tracing (off unless the OTEL_* environment turns
+// it on; flushed on exit), the pgx pool, optional migrations, the health
+// endpoints, and a dskit services.Manager that starts the service's components and stops
 // them on SIGTERM or when any of them fails.
 package process
 
@@ -17,6 +18,7 @@ import (
 
 	"github.com/leasehold/leasehold/pkg/clock"
 	"github.com/leasehold/leasehold/pkg/coord"
+	"github.com/leasehold/leasehold/pkg/pgdb"
 )
 
 // EnvPrefix prefixes the environment variable of every flag: flag
@@ -98,6 +100,13 @@ func (c *Config) Validate() error {
 	var errs []error
 	if c.DatabaseURL == "" {
 		errs = append(errs, errors.New("--database-url (LEASEHOLD_DATABASE_URL) is required; `make run` starts a local cluster and sets it"))
+	} else if err := pgdb.CheckURL(c.DatabaseURL, "--database-url"); err != nil {
+		errs = append(errs, err)
+	}
+	if c.ListenURL != "" {
+		if err := pgdb.CheckURL(c.ListenURL, "--listen-database-url"); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if c.MaxConns < 1 || c.MaxConns > 1000 {
 		errs = append(errs, fmt.Errorf("--db-max-conns %d must be in 1..1000", c.MaxConns))
@@ -147,7 +156,7 @@ func ApplyEnv(fs *flag.FlagSet) error {
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
-		if given[f.Name] {
+		if given[f.Name] || noEnv[f.Name] {
 			return
 		}
 		if v, ok := os.LookupEnv(EnvName(f.Name)); ok {

@@ -18,8 +18,10 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/leasehold/leasehold/migrations"
+	"github.com/leasehold/leasehold/pkg/buildinfo"
 	"github.com/leasehold/leasehold/pkg/clock"
 	"github.com/leasehold/leasehold/pkg/health"
 	"github.com/leasehold/leasehold/pkg/pgdb"
@@ -44,6 +46,9 @@ type Process struct {
 	// Clock is the process clock: real, or scaled by --clock.rate. Every
 	// component's timers should run on it.
 	Clock clockwork.Clock
+	// Tracer is the OpenTelemetry tracer provider, also installed as the
+	// global one: a no-op unless the OTEL_* environment turns tracing on.
+	Tracer trace.TracerProvider
 }
 
 // Spec describes a service for Main.
@@ -74,11 +79,16 @@ func Run(ctx context.Context, spec Spec, args []string, stderr *os.File) int {
 	fs := flag.NewFlagSet(spec.Name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfg.RegisterFlags(fs, spec.HTTPAddr)
+	showVersion := RegisterVersionFlag(fs)
 	if spec.Flags != nil {
 		spec.Flags(fs)
 	}
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *showVersion {
+		PrintVersion(os.Stdout, spec.Name)
+		return 0
 	}
 	if err := ApplyEnv(fs); err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", spec.Name, err)
@@ -122,17 +132,23 @@ func run(parent context.Context, spec Spec, cfg Config, logger *slog.Logger) err
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	if err := checkSchema(ctx, cfg, logger); err != nil {
+	tp, queryTracer, stopTracing, err := setupTracing(ctx, spec.Name, cfg.ID, logger)
+	if err != nil {
 		return err
 	}
+	defer stopTracing()
+	// Connect first: it refuses a standby before migrations would fail on it.
 	db, err := pgdb.Connect(ctx, pgdb.Config{
 		URL: cfg.DatabaseURL, AppName: "leasehold-" + spec.Name + ":" + cfg.ID,
-		MaxConns: int32(cfg.MaxConns), Pooler: cfg.Pooler,
+		MaxConns: int32(cfg.MaxConns), Pooler: cfg.Pooler, Setting: "--database-url", Tracer: queryTracer,
 	})
 	if err != nil {
 		return fmt.Errorf("connect to database: %w", err)
 	}
 	defer db.Close()
+	if err := checkSchema(ctx, cfg, logger); err != nil {
+		return err
+	}
 
 	clk, err := processClock(ctx, cfg, db, logger)
 	if err != nil {
@@ -142,8 +158,9 @@ func run(parent context.Context, spec Spec, cfg Config, logger *slog.Logger) err
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	h := health.New(reg, cfg.HealthToken)
+	RegisterBuildInfo(reg, h)
 	h.AddReadiness("database", func(ctx context.Context) error { return db.Ping(ctx) })
-	p := &Process{Name: spec.Name, Config: cfg, Logger: logger, Registry: reg, DB: db, Health: h, Mux: h.ServeMux(), Clock: clk}
+	p := &Process{Name: spec.Name, Config: cfg, Logger: logger, Registry: reg, DB: db, Health: h, Mux: h.ServeMux(), Clock: clk, Tracer: tp}
 
 	components, err := spec.Build(ctx, p)
 	if err != nil {
@@ -169,7 +186,7 @@ func run(parent context.Context, spec Spec, cfg Config, logger *slog.Logger) err
 	if err := mgr.StartAsync(context.WithoutCancel(ctx)); err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
-	logger.Info("started", "http_addr", httpSvc.addr(), "components", len(components))
+	logger.Info("started", "http_addr", httpSvc.addr(), "components", len(components), "version", buildinfo.Version())
 
 	var failure error
 	select {

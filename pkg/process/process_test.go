@@ -13,6 +13,7 @@ import (
 	"github.com/grafana/dskit/services"
 	"github.com/stretchr/testify/require"
 
+	"github.com/leasehold/leasehold/pkg/buildinfo"
 	"github.com/leasehold/leasehold/pkg/pglocal"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 	"github.com/leasehold/leasehold/pkg/process"
@@ -73,6 +74,7 @@ func TestRunMigratesServesHealthAndStops(t *testing.T) {
 	code, body := get(t, "http://"+addr+"/metrics", "")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, "go_goroutines")
+	require.Contains(t, body, process.BuildInfoMetric+`{goversion="`+buildinfo.Get().GoVersion+`",revision="`+buildinfo.Get().Revision+`",version="`+buildinfo.Version()+`"} 1`)
 	code, _ = get(t, "http://"+addr+"/healthz/detail", "")
 	require.Equal(t, http.StatusUnauthorized, code)
 	code, _ = get(t, "http://"+addr+"/healthz/detail", "wrong")
@@ -80,6 +82,7 @@ func TestRunMigratesServesHealthAndStops(t *testing.T) {
 	code, body = get(t, "http://"+addr+"/healthz/detail", "s3cret")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, `"ready": true`)
+	require.Contains(t, body, `"version": "`+buildinfo.Version()+`"`)
 
 	// --migrate applied every migration.
 	var n int
@@ -107,6 +110,19 @@ func TestRunRefusesBadConfiguration(t *testing.T) {
 	require.Contains(t, string(out), "--database-url (LEASEHOLD_DATABASE_URL) is required")
 	require.Contains(t, string(out), `--log-level "loud"`)
 	require.Contains(t, string(out), "--id")
+}
+
+// TestRunVersionNeedsNothing: --version prints and exits 0 before any
+// configuration is checked (no database URL), and LEASEHOLD_VERSION in the
+// environment never turns a service into a version printer.
+func TestRunVersionNeedsNothing(t *testing.T) {
+	logs, err := os.CreateTemp(t.TempDir(), "log")
+	require.NoError(t, err)
+	spec := process.Spec{Name: "testsvc", HTTPAddr: "127.0.0.1:0",
+		Build: func(context.Context, *process.Process) ([]services.Service, error) { return nil, nil }}
+	require.Equal(t, 0, process.Run(context.Background(), spec, []string{"--version"}, logs))
+	t.Setenv("LEASEHOLD_VERSION", "true")
+	require.Equal(t, 2, process.Run(context.Background(), spec, nil, logs), "no database URL: the env var did not print a version")
 }
 
 func TestRunRefusesDatabaseNewerThanBinary(t *testing.T) {

@@ -182,6 +182,7 @@ func runChaos(t *testing.T, duration time.Duration, dbFaults bool) {
 		return out
 	}
 	deadline := time.Now().Add(duration)
+	step := 0
 	for time.Now().Before(deadline) {
 		time.Sleep(time.Duration(200+rng.IntN(1300)) * time.Millisecond) // the schedule: the next fault in 0.2-1.5 s
 		now := time.Now()
@@ -203,11 +204,12 @@ func runChaos(t *testing.T, duration time.Duration, dbFaults bool) {
 		}
 		id := live[rng.IntN(len(live))]
 		p := procs[id]
-		actions := 4
-		if dbFaults {
-			actions = 6
+		action := rng.IntN(4)
+		step++
+		if dbFaults && step%3 == 0 { // every third fault is the database's
+			action = 4 + rng.IntN(2)
 		}
-		switch action := rng.IntN(actions); action {
+		switch action {
 		case 0: // crash: nothing released, the successor waits out the TTL
 			p.Kill()
 			down[id] = now.Add(time.Duration(500+rng.IntN(3000)) * time.Millisecond)
@@ -276,7 +278,12 @@ func runChaos(t *testing.T, duration time.Duration, dbFaults bool) {
 	}
 	t.Logf("chaos: %d invariants, %d checks, %d violations (seed %d)", len(chaosInvariants), checked, total, seed)
 	require.Zero(t, total, "invariant violations (replay with %s=%d)", EnvChaosSeed, seed)
-	require.Greater(t, injected, 10, "the run injected faults")
+	if dbFaults {
+		require.Positive(t, faults["db-restart"]+faults["db-outage"], "the run injected database faults")
+		require.Greater(t, injected, 4, "the run injected faults")
+	} else {
+		require.Greater(t, injected, 10, "the run injected faults")
+	}
 	require.Greater(t, rows, 100, "the run did work")
 }
 

@@ -31,6 +31,14 @@ type Config struct {
 	Backoff queue.Backoff
 	// Version is reported on the workers rows.
 	Version string
+	// Liveness turns on the liveness session (pkg/coord/liveness.go) when a
+	// direct database URL exists for it (the LISTEN URL): survivors then
+	// take over a dead member in SelfFence + Margin + a ping instead of a
+	// TTL. Behind a transaction pooler without a direct URL the TTL path
+	// alone applies.
+	Liveness bool
+	// LivenessTimings are the session's ping, self-fence deadline and margin.
+	LivenessTimings coord.LivenessConfig
 }
 
 // DefaultConfig is DESIGN.md's defaults.
@@ -43,6 +51,8 @@ func DefaultConfig() Config {
 		SelfReleaseAfter: 30 * time.Second,
 		StatementTimeout: coord.DefaultStatementTimeout,
 		Backoff:          queue.Backoff{Base: queue.DefaultBackoffBase, Max: queue.DefaultBackoffMax},
+		Liveness:         true,
+		LivenessTimings:  coord.DefaultLiveness(),
 	}
 }
 
@@ -58,11 +68,22 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.DurationVar(&c.SelfReleaseAfter, prefix+"self-release-after", c.SelfReleaseAfter, "release every lease and fail /livez when a loop stalls this long")
 	f.DurationVar(&c.StatementTimeout, prefix+"statement-timeout", c.StatementTimeout, "statement timeout inside fenced transactions")
 	c.Backoff.RegisterFlags(prefix+"retry-", f)
+	f.BoolVar(&c.Liveness, prefix+"liveness", c.Liveness, "keep a liveness session on the direct database URL so survivors take over a dead member in seconds (off, or without a direct URL: the TTL path alone)")
+	f.DurationVar(&c.LivenessTimings.Ping, prefix+"liveness-ping", c.LivenessTimings.Ping, "liveness session ping period; at most half of liveness-self-fence")
+	f.DurationVar(&c.LivenessTimings.SelfFence, prefix+"liveness-self-fence", c.LivenessTimings.SelfFence, "stop trusting every lease this long after the last successful liveness ping was sent")
+	f.DurationVar(&c.LivenessTimings.Margin, prefix+"liveness-margin", c.LivenessTimings.Margin, "survivors wait liveness-self-fence plus this after a member's liveness session ends before releasing its leases")
 }
 
 // Validate refuses a configuration that breaks an ordering, naming both values.
 func (c Config) Validate() error {
 	errs := []error{c.Timings.Validate(), c.Backoff.Validate()}
+	if c.Liveness {
+		lc := c.LivenessTimings
+		lc.URL = "checked" // the timings are checked whether or not a direct URL turns up
+		if err := lc.Validate(c.Timings.LeaseTTL); err != nil {
+			errs = append(errs, fmt.Errorf("--coord.liveness-*: %w", err))
+		}
+	}
 	if c.ClaimTTL <= c.StatementTimeout {
 		errs = append(errs, fmt.Errorf("claim TTL %s must exceed the statement timeout %s", c.ClaimTTL, c.StatementTimeout))
 	}

@@ -4,6 +4,9 @@
 // Flags fall back to LEASEHOLD_* environment variables (see
 // docs/configuration.md); API tokens come from --tokens-file and/or
 // LEASEHOLD_API_TOKENS. SIGTERM stops it gracefully.
+//
+// `leasehold-api token create --role <role>` prints a new random token and
+// its hashed tokens-file line, and exits.
 package main
 
 import (
@@ -18,6 +21,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "token" {
+		os.Exit(api.TokenCommand(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	var cfg api.Config
 	process.Main(process.Spec{
 		Name:     "api",

@@ -85,7 +85,7 @@ func TestCheckExitCodesTableAndJSON(t *testing.T) {
 	require.Equal(t, 0, code, out+errOut)
 	require.Contains(t, out, "STATUS")
 	require.Contains(t, out, "workers.queue")
-	require.Contains(t, out, "15 ok, 0 warn, 0 critical, 0 not checked: ok")
+	require.Contains(t, out, "16 ok, 0 warn, 0 critical, 0 not checked: ok")
 	require.NotContains(t, out, "\x1b[", "no ANSI colour when stdout is not a terminal")
 
 	code, out, _ = runCLI(t, db.URL, "check", "--json")
@@ -128,29 +128,61 @@ func TestCheckExitCodesTableAndJSON(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, out, "\x1b[1;31mCRIT")
 
-	// Usage errors.
+	// Usage errors could not check anything: 3, never 2 (critical).
 	code, _, errOut = runCLI(t, db.URL, "--codes", "no.such")
-	require.Equal(t, 2, code)
+	require.Equal(t, 3, code)
 	require.Contains(t, errOut, `unknown finding code(s) no.such`)
 	code, _, errOut = runCLI(t, db.URL, "--max-streams", "0")
-	require.Equal(t, 2, code)
+	require.Equal(t, 3, code)
 	require.Contains(t, errOut, "--max-streams 0 must be at least 1")
+	code, _, errOut = runCLI(t, db.URL, "--no-such-flag")
+	require.Equal(t, 3, code)
+	require.Contains(t, errOut, "flag provided but not defined: -no-such-flag")
+	code, _, errOut = runCLI(t, db.URL, "frobnicate")
+	require.Equal(t, 3, code)
+	require.Contains(t, errOut, `unknown command "frobnicate"`)
 	code, out, _ = runCLI(t, db.URL, "codes")
 	require.Equal(t, 0, code)
 	require.Equal(t, strings.Join(doctor.Codes(), "\n")+"\n", out)
 }
 
-func TestCheckUnreachableDatabaseIsCritical(t *testing.T) {
+// TestCheckUnreachableDatabaseCouldNotCheck: a doctor that cannot reach
+// the database says so with exit 3 ("could not check"), not 2 (a critical
+// finding it never made) and not 0.
+func TestCheckUnreachableDatabaseCouldNotCheck(t *testing.T) {
 	t.Parallel()
 	port, err := pglocal.FreePort()
 	require.NoError(t, err)
 	url := fmt.Sprintf("postgres://postgres:postgres@127.0.0.1:%d/x?sslmode=disable&connect_timeout=2", port)
 	code, out, errOut := runCLI(t, url, "--json")
-	require.Equal(t, 2, code)
+	require.Equal(t, 3, code)
 	r := parseJSON(t, out)
-	require.Equal(t, "critical", r.Status)
+	require.Equal(t, "unknown", r.Status)
+	require.Equal(t, 3, r.ExitCode)
 	require.Contains(t, r.Error, "cannot reach the database")
 	require.Contains(t, errOut, "cannot reach the database")
+	code, _, errOut = runCLI(t, url)
+	require.Equal(t, 3, code)
+	require.Contains(t, errOut, "cannot reach the database")
+}
+
+// TestHelpAndVersionNeedNoDatabase: the top-level help lists the commands,
+// and --version / version print the build, all without a database.
+func TestHelpAndVersionNeedNoDatabase(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}} {
+		code, out, _ := runCLI(t, "", args...)
+		require.Equal(t, 0, code, args)
+		for _, cmd := range []string{"check", "serve", "codes", "version"} {
+			require.Contains(t, out, "leasehold-doctor "+cmd, "%v lists %s", args, cmd)
+		}
+		require.Contains(t, out, "3 could not check")
+	}
+	for _, args := range [][]string{{"--version"}, {"version"}, {"check", "--version"}} {
+		code, out, _ := runCLI(t, "", args...)
+		require.Equal(t, 0, code, args)
+		require.Regexp(t, `^leasehold-doctor \S+ \(revision \S+, go\S+\)\n$`, out, args)
+	}
 }
 
 func TestServeDoctorServiceAndMetrics(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/grafana/dskit/services"
 
+	"github.com/leasehold/leasehold/pkg/buildinfo"
 	"github.com/leasehold/leasehold/pkg/process"
 	"github.com/leasehold/leasehold/pkg/reconcile"
 	"github.com/leasehold/leasehold/services/scheduler/internal/placer"
@@ -29,6 +30,7 @@ func main() {
 		},
 		Validate: func() error { return errors.Join(rcfg.Validate(), pcfg.Validate()) },
 		Build: func(ctx context.Context, p *process.Process) ([]services.Service, error) {
+			rcfg.Version = buildinfo.Version() // on the workers rows
 			rt, err := reconcile.New(rcfg, p.DB, reconcile.Options{
 				Owner: p.Config.ID, NotifyURL: p.Config.NotifyURL(), Logger: p.Logger, Registerer: p.Registry, Clock: p.Clock,
 			})

@@ -1,5 +1,5 @@
-// Command leasehold-site-agent runs a site's boot server (proxy DHCP, iPXE),
-// image cache and BMC control, connected to the control plane as a node of
+// Command leasehold-site-agent runs a site's boot server (proxy DHCP, TFTP,
+// UEFI HTTP boot, iPXE scripts), image cache and BMC control, connected to the control plane as a node of
 // kind site_agent (see docs/site-agent.md). It needs no database.
 //
 // Flags fall back to LEASEHOLD_* environment variables; SIGTERM stops it
@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/leasehold/leasehold/pkg/buildinfo"
 	"github.com/leasehold/leasehold/pkg/health"
 	"github.com/leasehold/leasehold/pkg/process"
 	"github.com/leasehold/leasehold/services/site-agent/internal/agent"
@@ -41,8 +42,13 @@ func main() {
 	fs.StringVar(&level, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&format, "log-format", "json", "log format: json or text")
 	fs.DurationVar(&shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a graceful stop may take")
+	showVersion := process.RegisterVersionFlag(fs)
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
+	}
+	if *showVersion {
+		process.PrintVersion(os.Stdout, "site-agent")
+		return
 	}
 	if err := errors.Join(process.ApplyEnv(fs), cfg.Resolve()); err != nil {
 		fmt.Fprintf(os.Stderr, "site-agent: invalid configuration:\n%v\n", err)
@@ -52,8 +58,9 @@ func main() {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	h := health.New(reg, token)
+	process.RegisterBuildInfo(reg, h)
 
-	a, err := agent.New(cfg, agent.Deps{Logger: log, Registry: reg, Health: h, Version: "leasehold-site-agent"})
+	a, err := agent.New(cfg, agent.Deps{Logger: log, Registry: reg, Health: h, Version: buildinfo.Version()})
 	if err != nil {
 		log.Error("build site agent", "err", err)
 		os.Exit(1)
@@ -73,7 +80,7 @@ func main() {
 		log.Error("start site agent", "err", err)
 		os.Exit(1)
 	}
-	log.Info("started", "http_addr", ln.Addr().String())
+	log.Info("started", "http_addr", ln.Addr().String(), "version", buildinfo.Version())
 	terminated := make(chan struct{})
 	go func() { _ = a.AwaitTerminated(context.Background()); close(terminated) }()
 	select {

@@ -15,6 +15,8 @@ import (
 
 	"github.com/grafana/dskit/services"
 
+	"github.com/leasehold/leasehold/pkg/buildinfo"
+	"github.com/leasehold/leasehold/pkg/egress"
 	"github.com/leasehold/leasehold/pkg/process"
 	"github.com/leasehold/leasehold/pkg/reconcile"
 	"github.com/leasehold/leasehold/services/worker/internal/collector"
@@ -33,12 +35,14 @@ type config struct {
 	janitor      janitor.Config
 	collectEvery time.Duration
 	sinksRefresh time.Duration
+	sinksEgress  egress.Policy
 }
 
 func main() {
 	cfg := config{runtime: reconcile.DefaultConfig(), nodes: nodestate.DefaultConfig(), sites: siteboot.DefaultConfig(),
 		sweeper: sweeper.DefaultConfig(), janitor: janitor.DefaultConfig(),
-		collectEvery: 10 * time.Second, sinksRefresh: 10 * time.Second}
+		collectEvery: 10 * time.Second, sinksRefresh: 10 * time.Second,
+		sinksEgress: egress.Policy{LoopbackFlag: "--sinks.allow-loopback", PrivateFlag: "--sinks.allow-private"}}
 	process.Main(process.Spec{
 		Name:     "worker",
 		HTTPAddr: "127.0.0.1:9101",
@@ -50,11 +54,14 @@ func main() {
 			cfg.janitor.RegisterFlags("janitor.", fs)
 			fs.DurationVar(&cfg.collectEvery, "collector.interval", cfg.collectEvery, "fleet gauge refresh period of the metrics:command-latency holder")
 			fs.DurationVar(&cfg.sinksRefresh, "sinks.refresh", cfg.sinksRefresh, "how often the sinks table is re-read")
+			fs.BoolVar(&cfg.sinksEgress.AllowLoopback, "sinks.allow-loopback", false, "deliver to sinks on loopback addresses (tests and single-machine development only)")
+			fs.BoolVar(&cfg.sinksEgress.AllowPrivate, "sinks.allow-private", false, "deliver to sinks on private addresses (RFC 1918, 100.64.0.0/10, fc00::/7); metadata and link-local stay refused")
 		},
 		Validate: func() error {
 			return errors.Join(cfg.runtime.Validate(), cfg.nodes.Validate(), cfg.sites.Validate(), cfg.sweeper.Validate(), cfg.janitor.Validate())
 		},
 		Build: func(ctx context.Context, p *process.Process) ([]services.Service, error) {
+			cfg.runtime.Version = buildinfo.Version() // on the workers rows
 			rt, err := reconcile.New(cfg.runtime, p.DB, reconcile.Options{
 				Owner: p.Config.ID, NotifyURL: p.Config.NotifyURL(), Logger: p.Logger, Registerer: p.Registry, Clock: p.Clock,
 			})
@@ -72,7 +79,7 @@ func main() {
 				return nil, err
 			}
 			rt.AddHealth(p.Health)
-			return []services.Service{rt, sinks.NewManager(p.DB, rt, p.Logger, cfg.sinksRefresh)}, nil
+			return []services.Service{rt, sinks.NewManager(p.DB, rt, p.Logger, cfg.sinksRefresh, cfg.sinksEgress)}, nil
 		},
 	})
 }

@@ -2,7 +2,15 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -66,5 +74,142 @@ func TestEveryServiceStartsServesHealthAndStopsOnSIGTERM(t *testing.T) {
 			require.Equal(t, 0, p.Wait(30*time.Second), p.Logs())
 			require.True(t, strings.Contains(p.Logs(), "stopped cleanly"), p.Logs())
 		})
+	}
+}
+
+// devstackBins builds the four services of the stack into one directory,
+// named as `make build` names them, and devstack itself.
+func devstackBins(t *testing.T) (binDir, devstack string) {
+	t.Helper()
+	binDir = t.TempDir()
+	for _, name := range []string{"worker", "scheduler", "gateway", "api"} {
+		require.NoError(t, os.Symlink(proctest.Build(t, "../../services/"+name), filepath.Join(binDir, "leasehold-"+name)))
+	}
+	return binDir, proctest.Build(t, ".")
+}
+
+// directURL is db's URL straight to the server, never through the
+// PgBouncer pkg/pgtest may put in front of it: the dev stack's services
+// are not told about a pooler.
+func directURL(t *testing.T, db *pgtest.DB) string {
+	t.Helper()
+	u, err := url.Parse(pgtest.Server(t).AdminURL())
+	require.NoError(t, err)
+	u.Path = "/" + db.Name
+	return u.String()
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	p, err := pglocal.FreePort()
+	require.NoError(t, err)
+	return p
+}
+
+// TestDevstackRestartsAKilledServiceAndStopsCleanly: `make run`'s stack
+// against a real database. A busy default port is replaced (and said so);
+// a service killed with SIGKILL is restarted and serves again; SIGTERM
+// stops every service and devstack exits 0, leaving no child behind.
+func TestDevstackRestartsAKilledServiceAndStopsCleanly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the whole stack")
+	}
+	db := pgtest.NewDB(t)
+	binDir, bin := devstackBins(t)
+	// Hold the worker's default health port (if nothing else does already).
+	if ln, err := net.Listen("tcp", "127.0.0.1:9101"); err == nil {
+		defer ln.Close()
+	}
+	apiPort, gwPort := freePort(t), freePort(t)
+	p := proctest.Start(t, "devstack", bin, []string{"LEASEHOLD_DATABASE_URL=" + directURL(t, db)},
+		"-bin", binDir, "-restart-backoff", "100ms", "-restart-backoff-max", "2s",
+		"-api-port", fmt.Sprint(apiPort), "-gateway-port", fmt.Sprint(gwPort))
+	require.Eventually(t, func() bool { return strings.Contains(p.Logs(), "leasehold is running") || p.Exited() },
+		3*time.Minute, 100*time.Millisecond)
+	require.False(t, p.Exited(), p.Logs())
+	logs := p.Logs()
+	require.Contains(t, logs, "port 9101 for the health endpoints")
+	require.Contains(t, logs, fmt.Sprintf("connect to the gateway at http://127.0.0.1:%d", gwPort))
+	require.Contains(t, logs, fmt.Sprintf("http://127.0.0.1:%d/leasehold.control.v1.ControlService/ListWorkers", apiPort))
+	m := regexp.MustCompile(`worker +http://(127\.0\.0\.1:\d+)/readyz`).FindStringSubmatch(logs)
+	require.NotNil(t, m, logs)
+	workerHealth := m[1]
+	require.NotEqual(t, "127.0.0.1:9101", workerHealth)
+
+	startedRE := regexp.MustCompile(`msg="service started" service=worker pid=(\d+)`)
+	pids := func() []int {
+		var out []int
+		for _, m := range startedRE.FindAllStringSubmatch(p.Logs(), -1) {
+			n, _ := strconv.Atoi(m[1])
+			out = append(out, n)
+		}
+		return out
+	}
+	first := pids()
+	require.Len(t, first, 1)
+	require.NoError(t, syscall.Kill(first[0], syscall.SIGKILL))
+
+	require.Eventually(t, func() bool { return len(pids()) == 2 }, time.Minute, 50*time.Millisecond, "the killed worker is started again")
+	require.Contains(t, p.Logs(), `msg="service exited; restarting it" service=worker status="signal: killed"`)
+	second := pids()[1]
+	require.NotEqual(t, first[0], second)
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + workerHealth + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 2*time.Minute, 100*time.Millisecond, "the restarted worker serves on its port again")
+
+	p.Signal(syscall.SIGTERM)
+	require.Equal(t, 0, p.Wait(2*time.Minute), p.Logs())
+	require.Contains(t, p.Logs(), "stopping the services")
+	require.Equal(t, 2, strings.Count(p.Logs(), "service started\" service=worker"), "no restart while stopping")
+	require.ErrorIs(t, syscall.Kill(second, 0), syscall.ESRCH, "the worker was stopped with the stack")
+}
+
+// TestDevstackRefusesABusyExplicitPort: a port asked for explicitly that
+// another process holds is refused with its number and the flag, before
+// any service starts.
+func TestDevstackRefusesABusyExplicitPort(t *testing.T) {
+	db := pgtest.NewDB(t)
+	bin := proctest.Build(t, ".")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	busy := ln.Addr().(*net.TCPAddr).Port
+	p := proctest.Start(t, "devstack", bin, []string{"LEASEHOLD_DATABASE_URL=" + directURL(t, db), fmt.Sprintf("LEASEHOLD_DEV_API_PORT=%d", busy)},
+		"-bin", t.TempDir())
+	require.Equal(t, 1, p.Wait(time.Minute), p.Logs())
+	require.Contains(t, p.Logs(), fmt.Sprintf("port %d for the api (ControlService) (-api-port / LEASEHOLD_DEV_API_PORT) is already in use", busy))
+	require.NotContains(t, p.Logs(), "service started")
+}
+
+// TestEveryBinaryReportsItsVersion: --version exits 0 without any
+// configuration and prints what -ldflags -X stamped, as `make build` and
+// the Dockerfile stamp it.
+func TestEveryBinaryReportsItsVersion(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds every binary")
+	}
+	out := t.TempDir()
+	const version, revision = "v9.8.7-test", "0123456789abcdef0123456789abcdef01234567"
+	ldflags := "-X github.com/leasehold/leasehold/pkg/buildinfo.version=" + version + " -X github.com/leasehold/leasehold/pkg/buildinfo.revision=" + revision
+	for _, name := range []string{"worker", "scheduler", "gateway", "api", "site-agent", "doctor", "devstack"} {
+		dir := "../../services/" + name
+		if name == "devstack" {
+			dir = "."
+		}
+		bin := filepath.Join(out, name)
+		build := exec.Command("go", "build", "-ldflags", ldflags, "-o", bin, ".")
+		build.Dir = dir
+		b, err := build.CombinedOutput()
+		require.NoError(t, err, string(b))
+		cmd := exec.Command(bin, "--version")
+		cmd.Env = []string{"PATH=/usr/bin:/bin"} // no database, no configuration
+		got, err := cmd.Output()
+		require.NoError(t, err, name)
+		require.Equal(t, fmt.Sprintf("leasehold-%s %s (revision %s, %s)\n", name, version, revision, runtime.Version()), string(got))
 	}
 }

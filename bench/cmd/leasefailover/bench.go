@@ -99,7 +99,7 @@ func (b *bench) run(ctx context.Context) (*result, error) {
 			return nil, fmt.Errorf("leasehold %s: %w", s, err)
 		}
 		r.Leasehold[s] = sr
-		if b.c.river && s != "pause" {
+		if b.c.river && (s == "crash" || s == "sigterm") {
 			rr, err := b.riverScenario(ctx, s)
 			if err != nil {
 				return nil, fmt.Errorf("river %s: %w", s, err)
@@ -120,11 +120,12 @@ func (b *bench) run(ctx context.Context) (*result, error) {
 
 // ---- leasehold ----
 
-func (b *bench) startWorker(ctx context.Context) (*harness.Proc, string, error) {
+func (b *bench) startWorker(ctx context.Context, extra ...string) (*harness.Proc, string, error) {
 	b.seq++
 	id := fmt.Sprintf("w%d", b.seq)
-	p, err := b.sup.Start(id, b.worker, nil, "--database-url", b.lh.URL, "--http-addr", harness.FreeAddr(), "--id", id,
-		"--log-format", "text", "--log-level", "warn")
+	args := append([]string{"--database-url", b.lh.URL, "--http-addr", harness.FreeAddr(), "--id", id,
+		"--log-format", "text", "--log-level", "warn"}, extra...)
+	p, err := b.sup.Start(id, b.worker, nil, args...)
 	if err != nil {
 		return nil, "", err
 	}
@@ -185,7 +186,13 @@ func (b *bench) settle(ctx context.Context, a, peer string) (map[string]bool, er
 
 func (b *bench) leasehold(ctx context.Context, scenario string) (*scenarioResult, error) {
 	logf("leasehold %s: %d runs", scenario, b.c.runs)
-	holder, hid, err := b.startWorker(ctx)
+	// crash-ttl is the crash with liveness sessions off: the TTL path alone,
+	// as behind a transaction pooler without a direct URL.
+	var extra []string
+	if scenario == "crash-ttl" {
+		extra = []string{"--coord.liveness=false"}
+	}
+	holder, hid, err := b.startWorker(ctx, extra...)
 	if err != nil {
 		return nil, err
 	}
@@ -195,7 +202,7 @@ func (b *bench) leasehold(ctx context.Context, scenario string) (*scenarioResult
 	}
 	sr := &scenarioResult{}
 	for i := range b.c.runs {
-		peer, pid, err := b.startWorker(ctx)
+		peer, pid, err := b.startWorker(ctx, extra...)
 		if err != nil {
 			return nil, err
 		}
@@ -204,10 +211,21 @@ func (b *bench) leasehold(ctx context.Context, scenario string) (*scenarioResult
 			return nil, err
 		}
 		sr.LeasesMoved = append(sr.LeasesMoved, len(victimHeld))
-		sig := map[string]syscall.Signal{"crash": syscall.SIGKILL, "pause": syscall.SIGSTOP, "sigterm": syscall.SIGTERM}[scenario]
 		t0 := time.Now()
-		if err := holder.Signal(sig); err != nil {
-			return nil, err
+		stopKilling := func() {}
+		if scenario == "conn-killed" {
+			// The process lives; every one of its database sessions is
+			// terminated from the server side, again and again, until the
+			// survivor holds its leases.
+			kctx, cancel := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() { defer close(done); b.terminateUntil(kctx, hid) }()
+			stopKilling = func() { cancel(); <-done }
+		} else {
+			sig := map[string]syscall.Signal{"crash": syscall.SIGKILL, "crash-ttl": syscall.SIGKILL, "pause": syscall.SIGSTOP, "sigterm": syscall.SIGTERM}[scenario]
+			if err := holder.Signal(sig); err != nil {
+				return nil, err
+			}
 		}
 		var took time.Duration
 		err = waitForFast(ctx, 60*time.Second, func() bool {
@@ -223,6 +241,7 @@ func (b *bench) leasehold(ctx context.Context, scenario string) (*scenarioResult
 			took = time.Since(t0)
 			return true
 		})
+		stopKilling()
 		if err != nil {
 			return nil, fmt.Errorf("run %d: %s never took %d leases over: %w", i+1, pid, len(victimHeld), err)
 		}
@@ -230,7 +249,15 @@ func (b *bench) leasehold(ctx context.Context, scenario string) (*scenarioResult
 		logf("leasehold %s run %d/%d: %s held %d leases (%d shards) of %s after %s", scenario, i+1, b.c.runs, pid,
 			len(victimHeld), shards(victimHeld), hid, took.Round(time.Millisecond))
 		switch scenario {
-		case "crash":
+		case "conn-killed":
+			_ = holder.Signal(syscall.SIGTERM)
+			if _, ok := holder.Wait(60 * time.Second); !ok {
+				holder.Kill()
+			}
+			if _, err := b.lh.Pool.Exec(ctx, `DELETE FROM workers WHERE id = $1 /*bench*/`, hid); err != nil {
+				return nil, err
+			}
+		case "crash", "crash-ttl":
 			// Bench hygiene: forget the dead member at once instead of the
 			// 10 min the janitor waits, so every run starts alike.
 			if _, err := b.lh.Pool.Exec(ctx, `DELETE FROM workers WHERE id = $1 /*bench*/`, hid); err != nil {
@@ -435,4 +462,17 @@ func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) error
 
 func waitForFast(ctx context.Context, timeout time.Duration, cond func() bool) error {
 	return harness.Poll(ctx, timeout, 10*time.Millisecond, cond)
+}
+
+// terminateUntil terminates every database session of worker id (its pool,
+// LISTEN and liveness sessions) every 50 ms until ctx ends.
+func (b *bench) terminateUntil(ctx context.Context, id string) {
+	for ctx.Err() == nil {
+		_, _ = b.lh.Pool.Exec(ctx, `SELECT pg_terminate_backend(pid) /*bench*/ FROM pg_stat_activity
+			WHERE application_name LIKE '%' || $1 AND pid <> pg_backend_pid()`, ":"+id)
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

@@ -35,7 +35,7 @@ func main() {
 	var c config
 	var scenarios, members string
 	flag.IntVar(&c.runs, "runs", 20, "runs per scenario")
-	flag.StringVar(&scenarios, "scenarios", "crash,pause,sigterm", "leasehold scenarios (River runs crash and sigterm)")
+	flag.StringVar(&scenarios, "scenarios", "crash,crash-ttl,conn-killed,pause,sigterm", "leasehold scenarios: crash (SIGKILL, liveness session), crash-ttl (SIGKILL, liveness off), conn-killed (every session of a live process terminated until the takeover), pause, sigterm (River runs crash and sigterm)")
 	flag.BoolVar(&c.river, "river", true, "run River's leader election side by side")
 	flag.StringVar(&members, "members", "1,4,16,64", "coordination load: member counts (empty: skip)")
 	flag.DurationVar(&c.loadSettle, "load-settle", 15*time.Second, "coordination load: wait after the members are ready")
@@ -47,7 +47,7 @@ func main() {
 	flag.Parse()
 	for _, s := range strings.Split(scenarios, ",") {
 		switch s = strings.TrimSpace(s); s {
-		case "crash", "pause", "sigterm":
+		case "crash", "crash-ttl", "conn-killed", "pause", "sigterm":
 			c.scenarios = append(c.scenarios, s)
 		case "":
 		default:

@@ -66,7 +66,11 @@ type Options struct {
 	Durable bool
 	// Server, when set, is used (and left running) instead of a new one.
 	Server *harness.Server
-	Log    func(format string, args ...any)
+	// ServiceURL, when set, maps the fresh database's name to the URL the
+	// services get (e.g. a multi-host URL over a primary and its standby);
+	// default: the database's URL on Server.
+	ServiceURL func(db string) string
+	Log        func(format string, args ...any)
 }
 
 // Gateway is one gateway process.
@@ -167,8 +171,22 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 	return f, nil
 }
 
+// StartService starts one more service process (worker, scheduler, api)
+// named name on the fleet's database and waits until it is ready.
+func (f *Fleet) StartService(ctx context.Context, service, name string, extra ...string) (*harness.Proc, error) {
+	return f.service(ctx, service, name, extra...)
+}
+
+// ServiceURL is the database URL the services were given.
+func (f *Fleet) ServiceURL() string {
+	if f.opts.ServiceURL != nil {
+		return f.opts.ServiceURL(f.DB.Name)
+	}
+	return f.DB.URL
+}
+
 func (f *Fleet) service(ctx context.Context, service, name string, extra ...string) (*harness.Proc, error) {
-	args := append([]string{"--database-url", f.DB.URL, "--http-addr", harness.FreeAddr(), "--id", name,
+	args := append([]string{"--database-url", f.ServiceURL(), "--http-addr", harness.FreeAddr(), "--id", name,
 		"--log-format", "text", "--log-level", "warn"}, f.ScaleArgs()...)
 	args = append(args, extra...)
 	p, err := f.Sup.Start(name, f.Bins[service], nil, args...)
@@ -182,7 +200,7 @@ func (f *Fleet) service(ctx context.Context, service, name string, extra ...stri
 // was in Start's set).
 func (f *Fleet) StartGateway(ctx context.Context, name string) (*Gateway, error) {
 	g := &Gateway{Name: name, Listen: harness.FreeAddr(), HTTP: harness.FreeAddr()}
-	args := append([]string{"--database-url", f.DB.URL, "--http-addr", g.HTTP, "--listen-addr", g.Listen, "--id", name,
+	args := append([]string{"--database-url", f.ServiceURL(), "--http-addr", g.HTTP, "--listen-addr", g.Listen, "--id", name,
 		"--log-format", "text", "--log-level", "warn"}, f.opts.Timings.GatewayArgs()...)
 	args = append(args, f.ScaleArgs()...)
 	args = append(args, f.opts.GatewayArgs...)

@@ -68,8 +68,10 @@ var (
 // the caller's role against the procedure: no or an unknown token is
 // UNAUTHENTICATED, a known token with too small a role PERMISSION_DENIED.
 type authInterceptor struct {
-	keys *apiauth.Keyring
-	log  *slog.Logger
+	keys interface {
+		Authenticate(token string) (apiauth.Identity, bool)
+	}
+	log *slog.Logger
 }
 
 func (a *authInterceptor) authorize(ctx context.Context, procedure, header, peer string) (context.Context, error) {

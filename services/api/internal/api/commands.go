@@ -12,6 +12,7 @@ import (
 
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
 	"github.com/leasehold/leasehold/pkg/pgdb"
+	"github.com/leasehold/leasehold/pkg/tracing"
 )
 
 // maxListPayloadBytes bounds the payload bytes of one ListCommands page: a
@@ -94,7 +95,8 @@ func (h *Handler) CreateCommand(ctx context.Context, req *connect.Request[contro
 		} else if left := deadline.Sub(now); left < MinCommandTimeout || left > MaxCommandTimeout {
 			return invalid("deadline", "must be %s..%s after the current time", MinCommandTimeout, MaxCommandTimeout)
 		}
-		cmd, _, err := scanCommand(tx.QueryRow(ctx, insertCommandSQL, m.GetNodeId(), m.GetKind(), payload, deadline, c.key))
+		cmd, _, err := scanCommand(tx.QueryRow(ctx, insertCommandSQL, m.GetNodeId(), m.GetKind(), payload, deadline, c.key,
+			traceparentArg(tracing.Traceparent(ctx))))
 		if err == nil {
 			resp.Command, resp.Created = cmd, true
 			return nil

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/pkg/apiauth"
+	"github.com/leasehold/leasehold/pkg/egress"
 )
 
 // TokensEnv is the environment variable holding inline API tokens
@@ -42,6 +43,11 @@ type Config struct {
 	WaitPollInterval time.Duration
 	// ShutdownGrace bounds how long in-flight calls may finish on stop.
 	ShutdownGrace time.Duration
+	// SinkEgress says which non-public sink URLs CreateSink accepts.
+	SinkEgress egress.Policy
+	// ReloadInterval is how often the tokens file and the TLS files are
+	// re-read; a change takes effect without a restart (0: 10s).
+	ReloadInterval time.Duration
 }
 
 // RegisterFlags registers the api flags on fs.
@@ -54,6 +60,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.DefaultCommandTimeout, "api.default-command-timeout", time.Hour, "life of a command created without deadline or timeout")
 	fs.DurationVar(&c.WaitPollInterval, "api.wait-poll-interval", 100*time.Millisecond, "how often WaitCommand checks for finished commands")
 	fs.DurationVar(&c.ShutdownGrace, "api.shutdown-grace", 10*time.Second, "how long in-flight calls may finish on SIGTERM")
+	c.SinkEgress.LoopbackFlag, c.SinkEgress.PrivateFlag = "--api.sink-allow-loopback", "--api.sink-allow-private"
+	fs.BoolVar(&c.SinkEgress.AllowLoopback, "api.sink-allow-loopback", false, "accept sink URLs on loopback (tests and single-machine development only)")
+	fs.BoolVar(&c.SinkEgress.AllowPrivate, "api.sink-allow-private", false, "accept sink URLs on private addresses (RFC 1918, 100.64.0.0/10, fc00::/7); metadata and link-local stay refused")
+	fs.DurationVar(&c.ReloadInterval, "api.reload-interval", 10*time.Second, "how often --tokens-file, --api.tls-cert and --api.tls-key are re-read (a change applies without restart)")
 }
 
 // Validate checks the configuration, naming the offending flag, and loads
@@ -77,6 +87,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ShutdownGrace <= 0 || c.ShutdownGrace > 5*time.Minute {
 		errs = append(errs, fmt.Errorf("--api.shutdown-grace %s must be in (0, 5m]", c.ShutdownGrace))
+	}
+	if c.ReloadInterval < 0 || c.ReloadInterval > time.Hour {
+		errs = append(errs, fmt.Errorf("--api.reload-interval %s must be in [0, 1h] (0: 10s)", c.ReloadInterval))
 	}
 	if k, err := c.Keyring(); err != nil {
 		errs = append(errs, err)

@@ -361,6 +361,34 @@ func TestInvalidArgumentsWriteNothing(t *testing.T) {
 			_, err := a.CreateSink(ctx, connect.NewRequest(&controlv1.CreateSinkRequest{SinkId: "s", Kind: controlv1.SinkKind_SINK_KIND_WEBHOOK, Url: "https://h", Secret: secret}))
 			return err
 		}},
+		{"sink metadata url", "url", func() error {
+			_, err := a.CreateSink(ctx, connect.NewRequest(&controlv1.CreateSinkRequest{SinkId: "s", Kind: controlv1.SinkKind_SINK_KIND_WEBHOOK, Url: "http://169.254.169.254/latest/meta-data/", Secret: long(16)}))
+			return err
+		}},
+		{"sink ipv6 metadata url", "url", func() error {
+			_, err := a.CreateSink(ctx, connect.NewRequest(&controlv1.CreateSinkRequest{SinkId: "s", Kind: controlv1.SinkKind_SINK_KIND_WEBHOOK, Url: "http://[fd00:ec2::254]/", Secret: long(16)}))
+			return err
+		}},
+		{"sink loopback url", "url", func() error {
+			_, err := a.CreateSink(ctx, connect.NewRequest(&controlv1.CreateSinkRequest{SinkId: "s", Kind: controlv1.SinkKind_SINK_KIND_WEBHOOK, Url: "http://127.0.0.1:9104/metrics", Secret: long(16)}))
+			return err
+		}},
+		{"sink localhost url", "url", func() error {
+			_, err := a.CreateSink(ctx, connect.NewRequest(&controlv1.CreateSinkRequest{SinkId: "s", Kind: controlv1.SinkKind_SINK_KIND_WEBHOOK, Url: "http://localhost/", Secret: long(16)}))
+			return err
+		}},
+		{"sink private url", "url", func() error {
+			_, err := a.CreateSink(ctx, connect.NewRequest(&controlv1.CreateSinkRequest{SinkId: "s", Kind: controlv1.SinkKind_SINK_KIND_WEBHOOK, Url: "https://10.0.0.7/hook", Secret: long(16)}))
+			return err
+		}},
+		{"sink link-local url", "url", func() error {
+			_, err := a.CreateSink(ctx, connect.NewRequest(&controlv1.CreateSinkRequest{SinkId: "s", Kind: controlv1.SinkKind_SINK_KIND_WEBHOOK, Url: "http://[fe80::1]/", Secret: long(16)}))
+			return err
+		}},
+		{"sink bad whsec secret", "secret", func() error {
+			_, err := a.CreateSink(ctx, connect.NewRequest(&controlv1.CreateSinkRequest{SinkId: "s", Kind: controlv1.SinkKind_SINK_KIND_WEBHOOK, Url: "https://h", Secret: "whsec_not*base64!!!!"}))
+			return err
+		}},
 		{"delete sink empty", "sink_id", func() error {
 			_, err := a.DeleteSink(ctx, connect.NewRequest(&controlv1.DeleteSinkRequest{}))
 			return err

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leasehold/leasehold/pkg/egress"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -28,6 +30,9 @@ type Handler struct {
 	log            *slog.Logger
 	waiter         *waiter
 	defaultTimeout time.Duration
+	// sinkEgress judges sink URLs at creation (the worker judges the
+	// resolved address again at delivery).
+	sinkEgress egress.Policy
 }
 
 var _ controlv1connect.ControlServiceHandler = (*Handler)(nil)

@@ -52,6 +52,12 @@ type bundle struct {
 
 func setup(t *testing.T, opts ...func(*Config, *http.Transport)) *bundle {
 	t.Helper()
+	return setupWith(t, nil, opts...)
+}
+
+// setupWith is setup with deps adjusting the service's dependencies.
+func setupWith(t *testing.T, deps func(*Deps), opts ...func(*Config, *http.Transport)) *bundle {
+	t.Helper()
 	db := pgtest.NewDB(t)
 	cfg := Config{
 		ListenAddr:            "127.0.0.1:0",
@@ -68,7 +74,11 @@ func setup(t *testing.T, opts ...func(*Config, *http.Transport)) *bundle {
 	require.NoError(t, cfg.Validate())
 	logs := &proctest.Buffer{}
 	reg := prometheus.NewRegistry()
-	svc, err := New(cfg, Deps{DB: db.Pool, Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Registry: reg})
+	d := Deps{DB: db.Pool, Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Registry: reg}
+	if deps != nil {
+		deps(&d)
+	}
+	svc, err := New(cfg, d)
 	require.NoError(t, err)
 	// The service runs until stopped: its start context must outlive setup.
 	require.NoError(t, services.StartAndAwaitRunning(context.Background(), svc))

@@ -8,7 +8,6 @@ package api
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,6 +22,7 @@ import (
 	"github.com/grafana/dskit/services"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1/controlv1connect"
 	"github.com/leasehold/leasehold/pkg/health"
@@ -35,6 +35,9 @@ type Deps struct {
 	Registry prometheus.Registerer
 	// Health, when set, gets the "api" readiness check.
 	Health *health.Handler
+	// Tracer traces every call (nil: the global provider, a no-op unless
+	// the process turned tracing on).
+	Tracer trace.TracerProvider
 }
 
 // Service is the api's dskit service: it listens in starting, serves in
@@ -51,19 +54,19 @@ type Service struct {
 	srv     *http.Server
 	ln      net.Listener
 	serving atomic.Bool
+	reload  *reloaders
 }
 
 // New builds the service; it listens only once started.
 func New(cfg Config, deps Deps) (*Service, error) {
-	keys, err := cfg.Keyring()
+	log := deps.Logger.With("component", "api")
+	reloaders, err := newReloaders(cfg, Deps{DB: deps.DB, Logger: log, Registry: deps.Registry})
 	if err != nil {
 		return nil, err
 	}
-	if keys.Len() == 0 {
-		return nil, fmt.Errorf("no API tokens: give --tokens-file or %s", TokensEnv)
-	}
-	log := deps.Logger.With("component", "api")
+	keys := reloaders.keys
 	s := &Service{
+		reload:  reloaders,
 		cfg:     cfg,
 		log:     log,
 		waiter:  newWaiter(deps.DB, cfg.WaitPollInterval, log),
@@ -72,15 +75,23 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	}
 	s.checker.SetStatus("", grpchealth.StatusNotServing)
 	s.checker.SetStatus(controlv1connect.ControlServiceName, grpchealth.StatusNotServing)
-	s.handler = &Handler{db: deps.DB, log: log, waiter: s.waiter, defaultTimeout: cfg.DefaultCommandTimeout}
+	s.handler = &Handler{db: deps.DB, log: log, waiter: s.waiter, defaultTimeout: cfg.DefaultCommandTimeout, sinkEgress: cfg.SinkEgress}
 	m := newMetrics(deps.Registry, s.waiter)
 
+	otelInterceptor, err := newTraceInterceptor(deps.Tracer)
+	if err != nil {
+		return nil, err
+	}
+	auth := &authInterceptor{keys: keys, log: log}
 	mux := http.NewServeMux()
-	mux.Handle(controlv1connect.NewControlServiceHandler(s.handler,
-		connect.WithInterceptors(m.interceptor(), &authInterceptor{keys: keys, log: log}),
+	path, control := controlv1connect.NewControlServiceHandler(s.handler,
+		connect.WithInterceptors(otelInterceptor, m.interceptor(), auth),
 		connect.WithReadMaxBytes(cfg.MaxMessageBytes),
 		connect.WithCompressMinBytes(1024),
-	))
+		boundedGzip(int64(cfg.MaxMessageBytes)),
+	)
+	// The token is checked before the body is read or decompressed.
+	mux.Handle(path, authenticateFirst(auth, int64(cfg.MaxMessageBytes), control))
 	mux.Handle(grpchealth.NewHandler(s.checker))
 	reflector := grpcreflect.NewStaticReflector(controlv1connect.ControlServiceName, grpchealth.HealthV1ServiceName)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
@@ -100,13 +111,9 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		Protocols:      protocols,
 		HTTP2:          &http.HTTP2Config{MaxConcurrentStreams: 250},
 	}
-	if cfg.TLSCert != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
-		if err != nil {
-			return nil, fmt.Errorf("load --api.tls-cert %s / --api.tls-key %s: %w", cfg.TLSCert, cfg.TLSKey, err)
-		}
+	if reloaders.tls != nil {
 		protocols.SetHTTP2(true)
-		s.srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		s.srv.TLSConfig = reloaders.tls.ServerConfig()
 	} else {
 		protocols.SetUnencryptedHTTP2(true) // h2c, so gRPC clients work without TLS
 	}
@@ -157,6 +164,8 @@ func (s *Service) running(ctx context.Context) error {
 	waitCtx, stopWaiter := context.WithCancel(context.WithoutCancel(ctx))
 	waiterDone := make(chan struct{})
 	go func() { defer close(waiterDone); s.waiter.run(waitCtx) }()
+	reloadDone := make(chan struct{})
+	go func() { defer close(reloadDone); s.reload.run(waitCtx, s.cfg) }()
 
 	s.checker.SetStatus("", grpchealth.StatusServing)
 	s.checker.SetStatus(controlv1connect.ControlServiceName, grpchealth.StatusServing)
@@ -178,6 +187,7 @@ func (s *Service) running(ctx context.Context) error {
 	// server lets in-flight calls finish within the grace period.
 	stopWaiter()
 	<-waiterDone
+	<-reloadDone
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownGrace)
 	defer cancel()
 	if err := s.srv.Shutdown(shutdownCtx); err != nil {

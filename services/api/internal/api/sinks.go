@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"unicode/utf8"
 
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5"
@@ -23,14 +22,11 @@ func (h *Handler) CreateSink(ctx context.Context, req *connect.Request[controlv1
 	if m.GetKind() != controlv1.SinkKind_SINK_KIND_WEBHOOK {
 		return nil, invalid("kind", "must be SINK_KIND_WEBHOOK")
 	}
-	if err := checkSinkURL("url", m.GetUrl()); err != nil {
+	if err := checkSinkURL("url", m.GetUrl(), h.sinkEgress); err != nil {
 		return nil, err
 	}
 	// The secret's own characters are never echoed in an error.
-	if n := utf8.RuneCountInString(m.GetSecret()); n < minSecretLen || n > maxSecretLen {
-		return nil, invalid("secret", "must be %d..%d characters", minSecretLen, maxSecretLen)
-	}
-	if err := checkText("secret", m.GetSecret(), maxSecretLen); err != nil {
+	if err := checkSinkSecret("secret", m.GetSecret()); err != nil {
 		return nil, err
 	}
 	sink, err := scanSink(h.db.QueryRow(ctx, insertSinkSQL, m.GetSinkId(), "webhook", m.GetUrl(), m.GetSecret()))

@@ -70,7 +70,7 @@ const listCommandsSQL = commandSelect + `
 const lockNodeForCommandSQL = `SELECT state, compute_now() FROM nodes WHERE id = $1 FOR KEY SHARE`
 
 const insertCommandSQL = `
-INSERT INTO commands (node_id, kind, payload, deadline, idempotency_key) VALUES ($1, $2, $3, $4, $5)
+INSERT INTO commands (node_id, kind, payload, deadline, idempotency_key, traceparent) VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (node_id, idempotency_key) DO NOTHING` + commandReturning
 
 const cancelCommandSQL = `

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/base64"
 	"fmt"
 	"net/url"
 	"regexp"
@@ -12,6 +13,8 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/leasehold/leasehold/pkg/egress"
 )
 
 // Every request field is checked here before any SQL runs; a failure is
@@ -151,8 +154,9 @@ func checkTimestamp(field string, ts *timestamppb.Timestamp) (time.Time, error) 
 }
 
 // checkSinkURL accepts absolute http and https URLs with a host and no
-// credentials (a URL is shown to every viewer; the secret is not).
-func checkSinkURL(field, raw string) error {
+// credentials (a URL is shown to every viewer; the secret is not) whose
+// host the egress policy allows as written (an IP literal or localhost).
+func checkSinkURL(field, raw string, policy egress.Policy) error {
 	if raw == "" {
 		return invalid(field, "is required")
 	}
@@ -174,6 +178,32 @@ func checkSinkURL(field, raw string) error {
 	}
 	if u.User != nil {
 		return invalid(field, "must not contain credentials; use the secret")
+	}
+	if err := policy.CheckURL(u); err != nil {
+		return invalid(field, "%v", err)
+	}
+	return nil
+}
+
+// Standard Webhooks secrets: "whsec_" and the base64 of a 24..64-byte key.
+const (
+	whsecPrefix              = "whsec_"
+	minWhsecKey, maxWhsecKey = 24, 64
+)
+
+// checkSinkSecret checks a sink's signing secret without ever echoing it.
+func checkSinkSecret(field, secret string) error {
+	if n := utf8.RuneCountInString(secret); n < minSecretLen || n > maxSecretLen {
+		return invalid(field, "must be %d..%d characters", minSecretLen, maxSecretLen)
+	}
+	if err := checkText(field, secret, maxSecretLen); err != nil {
+		return err
+	}
+	if rest, ok := strings.CutPrefix(secret, whsecPrefix); ok {
+		key, err := base64.StdEncoding.DecodeString(rest)
+		if err != nil || len(key) < minWhsecKey || len(key) > maxWhsecKey {
+			return invalid(field, "a %s secret must be the standard base64 of a %d..%d-byte key", whsecPrefix, minWhsecKey, maxWhsecKey)
+		}
 	}
 	return nil
 }

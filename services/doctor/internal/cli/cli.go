@@ -1,6 +1,7 @@
 // Package cli is leasehold-doctor's command line: `check` (the default)
-// prints the findings as a table or JSON and exits 0 ok, 1 warn (or a check
-// that could not run), 2 critical; `serve` runs DoctorService.
+// prints the findings as a table or JSON and exits 0 ok, 1 warn, 2 critical,
+// 3 when something could not be checked (unreachable database, bad usage);
+// `serve` runs DoctorService.
 package cli
 
 import (
@@ -21,17 +22,24 @@ import (
 )
 
 const (
-	exitOK       = 0
-	exitCritical = 2
-	// exitUsage is also 2: a doctor that cannot run must not look healthy.
-	exitUsage = 2
+	exitOK = doctor.ExitOK
+	// exitUsage and an unreachable database are "could not check": 3,
+	// never 2, so a paging rule on 2 fires only for a critical finding,
+	// and never 0, so a doctor that cannot run never looks healthy.
+	exitUsage       = doctor.ExitUnknown
+	exitCannotCheck = doctor.ExitUnknown
 )
 
-const usage = `usage:
-  leasehold-doctor [check] [flags]   run the checks once, print them, exit 0 ok / 1 warn / 2 critical
+const usage = `leasehold-doctor: findings about a leasehold deployment, read from its database.
+
+usage:
+  leasehold-doctor [check] [flags]   run the checks once and print them (the default command)
   leasehold-doctor serve [flags]     serve DoctorService and /metrics (leasehold_doctor_finding{code})
   leasehold-doctor codes             list the finding codes
+  leasehold-doctor version           print the version (also --version)
+  leasehold-doctor help              print this help (also -h, --help)
 
+check exits 0 ok, 1 warn, 2 critical, 3 could not check (unreachable database, bad usage).
 Flags fall back to LEASEHOLD_* environment variables (--database-url: LEASEHOLD_DATABASE_URL).
 Run "leasehold-doctor check -h" or "leasehold-doctor serve -h" for the flags; docs/doctor.md explains every finding.
 `
@@ -41,8 +49,19 @@ func Main(ctx context.Context, args []string, stdout, stderr *os.File) int {
 	cmd := "check"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, args = args[0], args[1:]
+	} else if len(args) == 1 {
+		// Top-level flags of their own: help and version, not check's.
+		switch strings.TrimLeft(args[0], "-") {
+		case "h", "help":
+			cmd = "help"
+		case process.VersionFlag:
+			cmd = "version"
+		}
 	}
 	switch cmd {
+	case "version":
+		process.PrintVersion(stdout, "doctor")
+		return exitOK
 	case "check":
 		return check(ctx, args, stdout, stderr)
 	case "serve":
@@ -101,11 +120,16 @@ func check(ctx context.Context, args []string, stdout, stderr *os.File) int {
 	fs := flag.NewFlagSet("leasehold-doctor check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	c.register(fs)
+	showVersion := process.RegisterVersionFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
 		}
 		return exitUsage
+	}
+	if *showVersion {
+		process.PrintVersion(stdout, "doctor")
+		return exitOK
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "leasehold-doctor check: unexpected arguments %q\n", fs.Args())
@@ -135,12 +159,12 @@ func check(ctx context.Context, args []string, stdout, stderr *os.File) int {
 			writeJSONError(stdout, err)
 		}
 		fmt.Fprintf(stderr, "leasehold-doctor: %v\n", err)
-		return exitCritical
+		return exitCannotCheck
 	}
 	if c.asJSON {
 		if err := writeJSON(stdout, rep); err != nil {
 			fmt.Fprintf(stderr, "leasehold-doctor: write JSON: %v\n", err)
-			return exitCritical
+			return exitCannotCheck
 		}
 	} else {
 		writeTable(stdout, rep, useColour(c.color, stdout), c.verbose)
@@ -150,8 +174,10 @@ func check(ctx context.Context, args []string, stdout, stderr *os.File) int {
 
 func run(ctx context.Context, c checkFlags) (doctor.Report, error) {
 	// Pooler mode keeps no statement cache, so the doctor works through
-	// PgBouncer in transaction mode as well as directly.
-	db, err := pgdb.Connect(ctx, pgdb.Config{URL: c.databaseURL, AppName: "leasehold-doctor", MaxConns: 4, Pooler: true})
+	// PgBouncer in transaction mode as well as directly. Read-only: doctor
+	// may run on a standby or a multi-host URL; db.url judges the URL.
+	db, err := pgdb.Connect(ctx, pgdb.Config{URL: c.databaseURL, AppName: "leasehold-doctor", MaxConns: 4, Pooler: true,
+		ReadOnly: true, Setting: "--database-url"})
 	if err != nil {
 		return doctor.Report{}, fmt.Errorf("cannot reach the database: %w", err)
 	}

@@ -110,5 +110,5 @@ func writeJSON(w io.Writer, rep doctor.Report) error {
 func writeJSONError(w io.Writer, err error) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	_ = enc.Encode(JSONReport{Status: doctor.SeverityCritical.String(), ExitCode: exitCritical, Error: err.Error(), Findings: []doctor.Finding{}})
+	_ = enc.Encode(JSONReport{Status: doctor.SeverityUnknown.String(), ExitCode: exitCannotCheck, Error: err.Error(), Findings: []doctor.Finding{}})
 }

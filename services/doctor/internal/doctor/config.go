@@ -37,6 +37,11 @@ type Config struct {
 	ExpectPoolSize int
 	// CheckTimeout bounds every statement of a check.
 	CheckTimeout time.Duration
+	// TLSCertFiles are PEM files whose certificates tls.expiry checks.
+	TLSCertFiles certFiles
+	// TLSExpiryWarn and TLSExpiryCritical are how close to its NotAfter a
+	// certificate makes tls.expiry warn and critical.
+	TLSExpiryWarn, TLSExpiryCritical time.Duration
 }
 
 // RegisterFlags registers the doctor's flags on fs with their defaults.
@@ -56,6 +61,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.ExpectSiteAgents, "expect-site-agents", 0, "site-agent processes that connect to the database")
 	fs.IntVar(&c.ExpectPoolSize, "expect-pool-size", 10, "each process's --db-max-conns")
 	fs.DurationVar(&c.CheckTimeout, "check-timeout", 10*time.Second, "statement timeout of each check")
+	fs.Var(&c.TLSCertFiles, "tls-cert-files", "comma-separated PEM files (serving certificates, client CA bundles) whose expiry tls.expiry checks")
+	fs.DurationVar(&c.TLSExpiryWarn, "tls-expiry-warn", 14*24*time.Hour, "a certificate expiring within this makes tls.expiry warn")
+	fs.DurationVar(&c.TLSExpiryCritical, "tls-expiry-critical", 3*24*time.Hour, "a certificate expiring within this makes tls.expiry critical")
 }
 
 // DefaultConfig returns the configuration RegisterFlags would produce.
@@ -80,6 +88,10 @@ func (c *Config) Validate() error {
 	positive("check-timeout", c.CheckTimeout)
 	if c.LeaseTTL > 0 && c.LiveWindow <= c.LeaseTTL {
 		errs = append(errs, fmt.Errorf("--live-window %s must be longer than --lease-ttl %s", c.LiveWindow, c.LeaseTTL))
+	}
+	positive("tls-expiry-critical", c.TLSExpiryCritical)
+	if c.TLSExpiryWarn < c.TLSExpiryCritical {
+		errs = append(errs, fmt.Errorf("--tls-expiry-warn %s must not be shorter than --tls-expiry-critical %s", c.TLSExpiryWarn, c.TLSExpiryCritical))
 	}
 	if c.SweeperJob == "" {
 		errs = append(errs, errors.New("--sweeper-job must not be empty"))

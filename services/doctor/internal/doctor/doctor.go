@@ -38,6 +38,7 @@ const (
 	CodeDBMigrations       = "db.migrations"
 	CodeDBPooling          = "db.pooling"
 	CodeDBReplication      = "db.replication"
+	CodeDBURL              = "db.url"
 	CodeDBConnections      = "db.connections"
 	maxEvidenceRows        = 10
 	clockSkewThresholdMs   = 1000
@@ -63,7 +64,9 @@ var checks = map[string]checkFunc{
 	CodeDBMigrations:      checkMigrations,
 	CodeDBPooling:         checkPooling,
 	CodeDBReplication:     checkReplication,
+	CodeDBURL:             checkURL,
 	CodeDBConnections:     checkConnections,
+	CodeTLSExpiry:         checkTLSExpiry,
 }
 
 // Codes returns every finding code, sorted.

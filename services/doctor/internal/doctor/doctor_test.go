@@ -126,7 +126,8 @@ func TestMembershipSilentMemberAndOrphans(t *testing.T) {
 	f := b.check(t, doctor.CodeWorkersMembership)
 	requireFinding(t, f, doctor.SeverityWarn, "controllers: 1 member of 3 silent but still in the live set",
 		fmt.Sprintf("%d orphaned shards, %d taken over by other members", len(orphans), len(orphans)-1))
-	requireEvidence(t, f, "silent_member", "w-c", "last heartbeat 20s ago")
+	requireEvidence(t, f, "silent_member", "w-c", "last heartbeat 2") // 20 s back, 2x s on a busy machine
+	requireEvidence(t, f, "controllers.takeover", "TTL path only: w-a, w-b, w-c")
 	requireEvidence(t, f, "orphaned_shards", "w-c", fmt.Sprintf("held by other members: w-a %d", len(orphans)-1), "1 unheld")
 	requireEvidence(t, f, "orphan", coord.Controllers.ShardLease(orphans[0]), "expired 3s ago", "last owner w-c")
 	requireEvidence(t, f, "orphan", coord.Controllers.ShardLease(orphans[1]), "held by w-a epoch 2")
@@ -261,20 +262,28 @@ func TestGatewayHeadroomNMinusOne(t *testing.T) {
 	b.cfg.MaxStreams = 10
 	requireFinding(t, b.check(t, doctor.CodeGatewaysHeadroom), doctor.SeverityOK, "no live gateways")
 
+	// A lone gateway with no sessions survives nothing: the summary must
+	// not say it does.
+	fixture.Lease(t, db, "gateway:gw-solo", "gw-solo", 1, 20)
+	f := b.check(t, doctor.CodeGatewaysHeadroom)
+	requireFinding(t, f, doctor.SeverityOK, "region default: one gateway (gw-solo) and no sessions", "leaves the region no gateway")
+	require.NotContains(t, f.Summary, "survive")
+	fixture.Exec(t, db, `DELETE FROM leases WHERE name = 'gateway:gw-solo'`)
+
 	fixture.Lease(t, db, "gateway:gw-a", "gw-a", 1, 20)
 	fixture.Lease(t, db, "gateway:gw-b", "gw-b", 1, 20)
 	fixture.Lease(t, db, "gateway:gw-dead", "gw-dead", 1, -60)
 	fixture.Sessions(t, db, "gw-a", 9) // near maxStreams
 	fixture.Sessions(t, db, "gw-b", 3)
 	fixture.Sessions(t, db, "gw-dead", 4) // a dead gateway's sessions do not count
-	f := b.check(t, doctor.CodeGatewaysHeadroom)
-	requireFinding(t, f, doctor.SeverityWarn, "region default: losing gw-a (9 sessions) leaves 12 sessions for 1 gateways of 10 streams (2 short)")
+	f = b.check(t, doctor.CodeGatewaysHeadroom)
+	requireFinding(t, f, doctor.SeverityWarn, "region default: losing gw-a (9 sessions) leaves 12 sessions for 1 gateway of 10 streams (2 short)")
 	requireEvidence(t, f, "gateway", "gw-a (default): 9/10 sessions (90%)")
 	requireEvidence(t, f, "region", "default: 2 gateways, 12 sessions, N-1 capacity 10")
 
 	// A third gateway gives the region N-1 headroom.
 	fixture.Lease(t, db, "gateway:gw-c", "gw-c", 1, 20)
-	requireFinding(t, b.check(t, doctor.CodeGatewaysHeadroom), doctor.SeverityOK, "region default: 3 gateways with 12 sessions survive losing gw-a")
+	requireFinding(t, b.check(t, doctor.CodeGatewaysHeadroom), doctor.SeverityOK, "region default: the other 2 gateways hold all 12 sessions if gw-a is lost")
 
 	// Regions: each is judged alone.
 	require.NoError(t, b.cfg.Regions.Set("gw-a=eu, gw-b=us,gw-c*=us"))
@@ -306,7 +315,10 @@ func TestNodesUnreachableAndDisconnected(t *testing.T) {
 	requireEvidence(t, f, "unreachable", "2")
 
 	f = b.check(t, doctor.CodeNodesDisconnected)
-	requireFinding(t, f, doctor.SeverityWarn, "1 of 9 nodes disconnected, the oldest off-1 for 45s")
+	// The fixture dates the disconnect 45 s back; a busy machine may take a
+	// second or two to reach the check.
+	requireFinding(t, f, doctor.SeverityWarn, "1 of 9 nodes disconnected, the oldest off-1 for 4")
+	require.Regexp(t, `for 4[5-9]s$`, f.Summary)
 
 	fixture.Exec(t, db, `UPDATE nodes SET state = 'unreachable' WHERE id LIKE 'ok-%'`)
 	requireFinding(t, b.check(t, doctor.CodeNodesUnreachable), doctor.SeverityCritical, "8 of 9 nodes unreachable")

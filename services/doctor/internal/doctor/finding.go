@@ -126,16 +126,32 @@ func (r Report) Worst() Severity {
 	return worst
 }
 
-// ExitCode is the CLI's exit status: 0 all ok, 1 a warning or a finding that
-// could not be checked, 2 a critical finding.
+// Exit statuses of `leasehold-doctor check`, as monitoring plugins use them:
+// a critical finding outranks a warning, which outranks a finding that could
+// not be checked.
+const (
+	ExitOK       = 0
+	ExitWarn     = 1
+	ExitCritical = 2
+	// ExitUnknown: something could not be checked (the database did not
+	// answer, a check failed to run, or the command line was wrong). It
+	// never means healthy.
+	ExitUnknown = 3
+)
+
+// ExitCode is the CLI's exit status: ExitCritical when any finding is
+// critical, else ExitWarn when any is a warning, else ExitUnknown when any
+// could not be checked, else ExitOK.
 func (r Report) ExitCode() int {
 	switch r.Worst() {
 	case SeverityOK:
-		return 0
+		return ExitOK
+	case SeverityWarn:
+		return ExitWarn
 	case SeverityCritical:
-		return 2
+		return ExitCritical
 	}
-	return 1
+	return ExitUnknown
 }
 
 // Find returns the finding with code, if the report has it.

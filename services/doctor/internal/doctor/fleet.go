@@ -154,11 +154,15 @@ func checkHeadroom(ctx context.Context, d *Doctor) (Finding, error) {
 			if n == 1 {
 				problems = append(problems, fmt.Sprintf("region %s: one gateway (%s, %d sessions): losing it disconnects every node", reg, busiest.id, busiest.sessions))
 			} else {
-				problems = append(problems, fmt.Sprintf("region %s: losing %s (%d sessions) leaves %d sessions for %d gateways of %d streams (%d short)",
-					reg, busiest.id, busiest.sessions, total, n-1, maxS, total-survivorCap))
+				problems = append(problems, fmt.Sprintf("region %s: losing %s (%d sessions) leaves %d sessions for %s of %d streams (%d short)",
+					reg, busiest.id, busiest.sessions, total, plural(n-1, "gateway", "gateways"), maxS, total-survivorCap))
 			}
+		case n == 1:
+			// Only reached with no sessions: a lone gateway survives
+			// nothing, it just has nothing to lose yet.
+			fine = append(fine, fmt.Sprintf("region %s: one gateway (%s) and no sessions: nothing to move now, but losing it leaves the region no gateway", reg, busiest.id))
 		default:
-			fine = append(fine, fmt.Sprintf("region %s: %d gateways with %d sessions survive losing %s", reg, n, total, busiest.id))
+			fine = append(fine, fmt.Sprintf("region %s: the other %s hold all %d sessions if %s is lost", reg, plural(n-1, "gateway", "gateways"), total, busiest.id))
 		}
 		if sev.rank() > worst.rank() {
 			worst = sev

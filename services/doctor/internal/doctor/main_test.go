@@ -35,7 +35,7 @@ func setup(t *testing.T) *bundle {
 // cache, so it also works through PgBouncer in transaction mode).
 func pool(t *testing.T, url string) *pgxpool.Pool {
 	t.Helper()
-	p, err := pgdb.Connect(context.Background(), pgdb.Config{URL: url, AppName: "doctor-test", MaxConns: 4, Pooler: true})
+	p, err := pgdb.Connect(context.Background(), pgdb.Config{URL: url, AppName: "doctor-test", MaxConns: 4, Pooler: true, ReadOnly: true})
 	require.NoError(t, err)
 	t.Cleanup(p.Close)
 	return p

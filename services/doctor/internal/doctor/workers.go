@@ -233,7 +233,7 @@ func checkSweeper(ctx context.Context, d *Doctor) (Finding, error) {
 }
 
 const membersSQL = `
-SELECT id, member_group, hostname, leases_held, compute_now() - heartbeat_at
+SELECT id, member_group, hostname, leases_held, compute_now() - heartbeat_at, liveness
   FROM workers WHERE member_group = ANY($1::text[]) ORDER BY id`
 
 const shardLeasesSQL = `
@@ -245,6 +245,7 @@ type memberRow struct {
 	id, group, hostname string
 	leasesHeld          int
 	age                 time.Duration
+	liveness            bool // keeps a liveness session: a crash is taken over in seconds, not a TTL
 }
 
 func checkMembership(ctx context.Context, d *Doctor) (Finding, error) {
@@ -258,7 +259,7 @@ func checkMembership(ctx context.Context, d *Doctor) (Finding, error) {
 		}
 		if members, err = pgx.CollectRows(r, func(r pgx.CollectableRow) (memberRow, error) {
 			var m memberRow
-			return m, r.Scan(&m.id, &m.group, &m.hostname, &m.leasesHeld, &m.age)
+			return m, r.Scan(&m.id, &m.group, &m.hostname, &m.leasesHeld, &m.age, &m.liveness)
 		}); err != nil {
 			return err
 		}
@@ -288,6 +289,18 @@ func checkMembership(ctx context.Context, d *Doctor) (Finding, error) {
 		if len(live) == 0 {
 			continue
 		}
+		var sessions, ttlOnly []string
+		for _, m := range members {
+			if m.group == g.Name && m.age <= d.cfg.LiveWindow {
+				if m.liveness {
+					sessions = append(sessions, m.id)
+				} else {
+					ttlOnly = append(ttlOnly, m.id)
+				}
+			}
+		}
+		// Which takeover path is in force for a crash of each member.
+		addEv(g.Name+".takeover", "liveness session (seconds): %s; TTL path only: %s", listOrNone(sessions), listOrNone(ttlOnly))
 		if len(silent) == 0 {
 			okParts = append(okParts, fmt.Sprintf("%s: %s live, none silent", g.Name, plural(len(live), "member", "members")))
 			addEv(g.Name, "%d live members: %s", len(live), strings.Join(live, ", "))
@@ -445,4 +458,11 @@ func checkClockSkew(ctx context.Context, d *Doctor) (Finding, error) {
 		return fmt.Sprintf("%s (%s, %s) skew %+dms, reported %s ago", x.id, orDash(x.host), x.group, x.skew, dur(x.age))
 	})
 	return f, nil
+}
+
+func listOrNone(ids []string) string {
+	if len(ids) == 0 {
+		return "none"
+	}
+	return strings.Join(ids, ", ")
 }

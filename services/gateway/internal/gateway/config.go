@@ -21,6 +21,10 @@ type Config struct {
 	// the admission token, the credential or the database. Turn it off for fleets whose PKI issues host
 	// certificates that name no node; the credential is required either way.
 	TLSBindNodeID bool
+	// TLSReloadInterval is how often the TLS files are re-read: a renewed
+	// certificate or a rotated client CA serves new handshakes without a
+	// restart (0: 10s).
+	TLSReloadInterval time.Duration
 
 	// LeaseTTL is the gateway lease's TTL; LeaseRenew its renewal interval.
 	LeaseTTL, LeaseRenew time.Duration
@@ -73,6 +77,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate for node streams (enables TLS)")
 	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	fs.StringVar(&c.TLSClientCA, "tls-client-ca", "", "PEM CA bundle; when set, nodes must present a client certificate it signed (mTLS)")
+	fs.DurationVar(&c.TLSReloadInterval, "tls-reload-interval", 10*time.Second, "how often --tls-cert, --tls-key and --tls-client-ca are re-read (new handshakes use the new files; open streams keep theirs)")
 	fs.BoolVar(&c.TLSBindNodeID, "gateway.tls-bind-node-id", true, "with --tls-client-ca, a Hello's node_id must be the node its client certificate names (URI SAN leasehold://node/<id>, else the CommonName); false for host certificates")
 	fs.DurationVar(&c.LeaseTTL, "gateway.lease-ttl", 20*time.Second, "TTL of the gateway:<id> lease")
 	fs.DurationVar(&c.LeaseRenew, "gateway.lease-renew", 5*time.Second, "renewal interval of the gateway lease (must be < TTL/2)")
@@ -114,6 +119,9 @@ func (c *Config) Validate() error {
 	}
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		errs = append(errs, fmt.Errorf("--tls-cert %q and --tls-key %q must be given together", c.TLSCert, c.TLSKey))
+	}
+	if c.TLSReloadInterval < 0 || c.TLSReloadInterval > time.Hour {
+		errs = append(errs, fmt.Errorf("--tls-reload-interval %s must be in [0, 1h] (0: 10s)", c.TLSReloadInterval))
 	}
 	if c.TLSClientCA != "" && c.TLSCert == "" {
 		errs = append(errs, fmt.Errorf("--tls-client-ca %q needs --tls-cert and --tls-key", c.TLSClientCA))

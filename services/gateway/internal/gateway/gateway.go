@@ -19,15 +19,12 @@ package gateway
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,6 +36,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -46,6 +44,8 @@ import (
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
 	"github.com/leasehold/leasehold/pkg/health"
+	"github.com/leasehold/leasehold/pkg/reload"
+	"github.com/leasehold/leasehold/pkg/tracing"
 	"github.com/leasehold/leasehold/services/gateway/internal/h2serve"
 )
 
@@ -63,6 +63,10 @@ type Deps struct {
 	Health   *health.Handler
 	// Clock is the process clock (nil: real).
 	Clock clockwork.Clock
+	// Tracer records the dispatch and result spans of traced commands
+	// (nil: the global provider, a no-op unless the process turned
+	// tracing on).
+	Tracer trace.TracerProvider
 }
 
 const (
@@ -113,6 +117,9 @@ type Gateway struct {
 
 	slotMu   sync.Mutex
 	nextSlot time.Time
+
+	tls    *reload.TLS // nil: h2c
+	tracer trace.Tracer
 }
 
 // New builds a gateway; it listens and takes its lease when started.
@@ -145,6 +152,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		sessions:      map[string]*session{},
 		fencedCh:      make(chan struct{}),
 		dispatchWaker: newNodeWaker(), specWaker: newNodeWaker(),
+		tracer: tracing.TracerProvider(deps.Tracer).Tracer(tracerName),
 	}
 	g.keeper, err = coord.NewKeeper(client, coord.KeeperConfig{
 		Name: name, TTL: cfg.LeaseTTL, Renew: cfg.LeaseRenew, Trust: cfg.LeaseTTL / 2,
@@ -157,6 +165,9 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	}
 	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusNotServing)
 	g.checker.SetStatus("", grpchealth.StatusNotServing)
+	if g.tls, err = loadTLS(cfg, deps); err != nil {
+		return nil, err
+	}
 	if deps.Health != nil {
 		deps.Health.AddReadiness("gateway", g.ready)
 		deps.Health.AddDetail("gateway", func(context.Context) any { return g.detail() })
@@ -353,37 +364,13 @@ func (g *Gateway) newServer() (nodeServer, error) {
 	return stdServer{srv}, nil
 }
 
-// tlsConfig is the node streams' TLS configuration (nil: h2c).
-func (g *Gateway) tlsConfig() (*tls.Config, error) {
-	if g.cfg.TLSCert == "" {
-		return nil, nil
-	}
-	cert, err := tls.LoadX509KeyPair(g.cfg.TLSCert, g.cfg.TLSKey)
-	if err != nil {
-		return nil, fmt.Errorf("load --tls-cert %s / --tls-key %s: %w", g.cfg.TLSCert, g.cfg.TLSKey, err)
-	}
-	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
-	if g.cfg.TLSClientCA != "" {
-		pem, err := os.ReadFile(g.cfg.TLSClientCA)
-		if err != nil {
-			return nil, fmt.Errorf("read --tls-client-ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--tls-client-ca %s holds no PEM certificate", g.cfg.TLSClientCA)
-		}
-		tc.ClientCAs, tc.ClientAuth = pool, tls.RequireAndVerifyClientCert
-	}
-	return tc, nil
-}
-
 func (g *Gateway) running(ctx context.Context) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- g.srv.Serve(g.ln) }()
 
 	loopCtx, cancelLoops := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	for _, loop := range []func(context.Context){g.livenessLoop, g.dispatchLoop, g.notifyLoop, g.specLoop} {
+	for _, loop := range []func(context.Context){g.livenessLoop, g.dispatchLoop, g.notifyLoop, g.specLoop, g.reloadLoop} {
 		wg.Add(1)
 		go func() { defer wg.Done(); loop(loopCtx) }()
 	}

@@ -554,12 +554,14 @@ func (g *Gateway) handleResult(ctx context.Context, s *session, r *nodev1.Comman
 		output = []byte{}
 	}
 	var (
-		outcome = "stored"
-		denied  bool
+		outcome     = "stored"
+		denied      bool
+		start       = time.Now()
+		traceparent *string
 	)
 	err := pgdb.InTx(ctx, g.db, func(tx pgx.Tx) error {
 		var owner, state string
-		err := tx.QueryRow(ctx, commandOwnerForUpdateSQL, r.GetCommandId()).Scan(&owner, &state)
+		err := tx.QueryRow(ctx, commandOwnerForUpdateSQL, r.GetCommandId()).Scan(&owner, &state, &traceparent)
 		if errors.Is(err, pgx.ErrNoRows) {
 			outcome = "unknown"
 			return nil
@@ -587,6 +589,7 @@ func (g *Gateway) handleResult(ctx context.Context, s *session, r *nodev1.Comman
 		_, err = tx.Exec(ctx, finishCommandSQL, r.GetCommandId(), final)
 		return err
 	})
+	g.traceResult(ctx, s, r, traceparent, start, outcome, err)
 	if err != nil {
 		return dbError("command result", err)
 	}

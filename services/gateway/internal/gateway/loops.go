@@ -130,15 +130,17 @@ func (g *Gateway) dispatchFor(ctx context.Context, all bool, nodes map[string]st
 }
 
 type dispatched struct {
-	nodeID  string
-	epoch   int64
-	cmd     *nodev1.Command
-	latency float64
+	nodeID      string
+	epoch       int64
+	cmd         *nodev1.Command
+	latency     float64
+	traceparent *string // of the CreateCommand call, when it was traced
 }
 
 // dispatchOnce takes up to DispatchBatch pending commands in a transaction
 // fenced on the gateway lease, then sends each to its session.
 func (g *Gateway) dispatchOnce(ctx context.Context, ids []string, epochs []int64) (int, error) {
+	start := time.Now()
 	var out []dispatched
 	err := g.runFenced(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		out = out[:0]
@@ -153,7 +155,7 @@ func (g *Gateway) dispatchOnce(ctx context.Context, ids []string, epochs []int64
 				c        nodev1.Command
 				deadline *time.Time
 			)
-			if err := rows.Scan(&c.CommandId, &d.nodeID, &d.epoch, &c.Kind, &c.Payload, &deadline, &c.DispatchCount, &d.latency); err != nil {
+			if err := rows.Scan(&c.CommandId, &d.nodeID, &d.epoch, &c.Kind, &c.Payload, &deadline, &c.DispatchCount, &d.latency, &d.traceparent); err != nil {
 				return err
 			}
 			if deadline != nil {
@@ -173,11 +175,13 @@ func (g *Gateway) dispatchOnce(ctx context.Context, ids []string, epochs []int64
 		g.mu.Lock()
 		s := g.sessions[d.nodeID]
 		g.mu.Unlock()
-		if s == nil || s.epoch != d.epoch || !s.enqueue(&nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Command{Command: d.cmd}}) {
+		sent := s != nil && s.epoch == d.epoch && s.enqueue(&nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Command{Command: d.cmd}})
+		if !sent {
 			// The stream ended meanwhile: the command stays dispatched and
 			// is replayed on the node's next Hello.
 			g.log.Debug("dispatched command has no open stream; it will be replayed", "node", d.nodeID, "command", d.cmd.CommandId)
 		}
+		g.traceDispatch(ctx, d, start, sent)
 	}
 	return len(out), nil
 }

@@ -84,7 +84,7 @@ UPDATE commands c SET
   FROM picked, node_sessions s
  WHERE c.id = picked.id AND s.node_id = c.node_id
 RETURNING c.id, c.node_id, s.session_epoch, c.kind, c.payload, c.deadline, c.dispatch_count,
-          extract(epoch FROM compute_now() - c.created_at)::float8`
+          extract(epoch FROM compute_now() - c.created_at)::float8, c.traceparent`
 
 // livenessSQL extends every session this gateway holds at its epoch; the
 // sessions it does not return are zombies.
@@ -113,7 +113,7 @@ UPDATE commands SET state = 'acknowledged', acked_at = compute_now()
 
 const commandOwnerSQL = `SELECT node_id, state FROM commands WHERE id = $1`
 
-const commandOwnerForUpdateSQL = `SELECT node_id, state FROM commands WHERE id = $1 FOR UPDATE`
+const commandOwnerForUpdateSQL = `SELECT node_id, state, traceparent FROM commands WHERE id = $1 FOR UPDATE`
 
 const insertResultSQL = `
 INSERT INTO command_results (node_id, id, command_id, exit_code, output, error, started_at, finished_at, gateway_id, session_epoch)

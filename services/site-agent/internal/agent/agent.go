@@ -1,6 +1,7 @@
 // Package agent is the site agent (DESIGN.md section 9): a node session
 // through pkg/daemon (kind site_agent), the boot grant and its self-fence,
-// the proxy DHCP responder and iPXE scripts (only while the grant is live),
+// the proxy DHCP responder, TFTP, boot files over HTTP and iPXE scripts
+// (only while the grant is live),
 // discovery reports vouched for by the boot epoch, and, on both agents at
 // all times, the image cache and Redfish BMC commands.
 //
@@ -18,6 +19,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -34,6 +37,7 @@ import (
 	"github.com/leasehold/leasehold/services/site-agent/internal/imagecache"
 	"github.com/leasehold/leasehold/services/site-agent/internal/pxe"
 	"github.com/leasehold/leasehold/services/site-agent/internal/redfish"
+	"github.com/leasehold/leasehold/services/site-agent/internal/tftp"
 )
 
 // DiscoveryEventKind is the event kind of a discovery report.
@@ -62,6 +66,8 @@ type Agent struct {
 	d      *daemon.Daemon
 	fence  *Fence
 	dhcp   *pxe.Responder
+	tftp   *tftp.Server
+	files  *os.Root
 	hosts  *pxe.Hosts
 	cache  *imagecache.Cache
 	bmc    *redfish.Client
@@ -115,6 +121,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.fence = NewFence(cfg.SelfFence, cfg.SiteID, deps.Clock, deps.Logger.With("component", "boot-fence"),
 		func() bool { return a.d.Welcome() != nil })
 	a.dhcp = pxe.New(cfg.DHCP, a.fence.Answering, a.onBoot, deps.Logger.With("component", "dhcp"), deps.Registry)
+	a.tftp = tftp.New(cfg.TFTP, a.fence.Answering, deps.Logger.With("component", "tftp"), deps.Registry)
 	a.role = health.NewRoleGauge(deps.Registry, "site-boot")
 	a.events = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "leasehold_site_discovery_reports_total",
 		Help: "Discovery reports by outcome (sent, not_connected)."}, []string{"outcome"})
@@ -158,28 +165,47 @@ func (a *Agent) detail() any {
 }
 
 func (a *Agent) starting(context.Context) error {
+	files, err := os.OpenRoot(a.cfg.TFTP.Root)
+	if err != nil {
+		return fmt.Errorf("open --tftp.root: %w", err)
+	}
+	a.files = files
+	for _, f := range []string{a.cfg.DHCP.BootFileBIOS, a.cfg.DHCP.BootFileEFI} {
+		if st, err := files.Stat(f); err != nil || !st.Mode().IsRegular() {
+			a.log.Warn("boot file missing from --tftp.root: firmware asking for it will fail (install Debian's ipxe package and copy it, see docs/site-agent.md)",
+				"file", f, "tftp_root", a.cfg.TFTP.Root)
+		}
+	}
 	if err := a.dhcp.Listen(); err != nil {
+		return err
+	}
+	if err := a.tftp.Listen(); err != nil {
+		_ = a.dhcp.Close()
 		return err
 	}
 	ln, err := net.Listen("tcp", a.cfg.BootListenAddr)
 	if err != nil {
 		_ = a.dhcp.Close()
+		_ = a.tftp.Close()
 		return fmt.Errorf("listen on --boot.listen-addr %s: %w", a.cfg.BootListenAddr, err)
 	}
 	a.bootLn = ln
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /boot/{file}", a.serveScript)
+	mux.HandleFunc("GET /tftp/{file...}", a.serveBootFile)
+	mux.HandleFunc("HEAD /tftp/{file...}", a.serveBootFile)
 	mux.Handle("GET /images/sha256/{digest}", a.cache)
 	mux.Handle("HEAD /images/sha256/{digest}", a.cache)
 	a.bootSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		MaxHeaderBytes: 16 << 10, ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelDebug)}
-	a.log.Info("site agent listening", "dhcp", a.dhcp.Addr().String(), "boot", ln.Addr().String(), "site", a.cfg.SiteID)
+	a.log.Info("site agent listening", "dhcp", a.dhcp.Addr().String(), "pxe", fmt.Sprint(a.dhcp.PXEAddr()), "tftp", a.tftp.Addr().String(), "boot", ln.Addr().String(), "site", a.cfg.SiteID)
 	return nil
 }
 
 func (a *Agent) running(ctx context.Context) error {
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- fmt.Errorf("dhcp: %w", a.dhcp.Serve()) }()
+	go func() { errc <- fmt.Errorf("tftp: %w", a.tftp.Serve()) }()
 	go func() { errc <- fmt.Errorf("boot http: %w", a.bootSrv.Serve(a.bootLn)) }()
 	dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
@@ -193,12 +219,54 @@ func (a *Agent) running(ctx context.Context) error {
 	case failure = <-errc:
 	}
 	_ = a.dhcp.Close()
+	_ = a.tftp.Close()
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 	_ = a.bootSrv.Shutdown(sctx)
+	a.bmc.Close(sctx)
 	scancel()
 	cancel()
 	wg.Wait()
+	_ = a.files.Close()
 	return failure
+}
+
+// TFTPAddr is the bound TFTP address once started.
+func (a *Agent) TFTPAddr() *net.UDPAddr { return a.tftp.Addr() }
+
+// serveBootFile serves a file of the TFTP root over HTTP (UEFI HTTP boot)
+// while active; a standby answers 503. Names that leave the root are
+// refused like over TFTP.
+func (a *Agent) serveBootFile(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("file")
+	if _, ok := a.fence.Answering(); !ok {
+		http.Error(w, "standby: this agent does not answer boot requests now", http.StatusServiceUnavailable)
+		return
+	}
+	if !filepath.IsLocal(name) || strings.Contains(name, "\\") {
+		a.log.Warn("boot file request refused: path outside the TFTP root", "client", r.RemoteAddr, "file", name)
+		http.Error(w, "path outside the TFTP root", http.StatusBadRequest)
+		return
+	}
+	f, err := a.files.Open(name)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			http.NotFound(w, r)
+			return
+		}
+		a.log.Warn("boot file request refused", "client", r.RemoteAddr, "file", name, "err", err)
+		http.Error(w, "path outside the TFTP root", http.StatusBadRequest)
+		return
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil || !st.Mode().IsRegular() {
+		http.NotFound(w, r)
+		return
+	}
+	a.log.Info("boot file served over HTTP", "client", r.RemoteAddr, "file", name, "bytes", st.Size())
+	w.Header().Set("Content-Type", "application/efi")
+	w.Header().Set("Cache-Control", "no-store")
+	http.ServeContent(w, r, "", st.ModTime(), f)
 }
 
 // watchRole exports and logs the role as it changes.
@@ -244,9 +312,11 @@ func (a *Agent) serveScript(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	p, _, ok := a.hosts.Lookup(mac)
 	if !ok {
+		a.log.Info("iPXE script served: no profile, wait and retry", "mac", mac.String(), "client", r.RemoteAddr)
 		_, _ = w.Write([]byte(pxe.WaitScript))
 		return
 	}
+	a.log.Info("iPXE script served", "mac", mac.String(), "client", r.RemoteAddr, "kernel", p.Kernel, "initrd", p.Initrd)
 	_, _ = w.Write([]byte(pxe.Script(a.cfg.BootBaseURL, p)))
 }
 

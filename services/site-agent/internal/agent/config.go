@@ -13,6 +13,7 @@ import (
 	"github.com/leasehold/leasehold/services/site-agent/internal/imagecache"
 	"github.com/leasehold/leasehold/services/site-agent/internal/pxe"
 	"github.com/leasehold/leasehold/services/site-agent/internal/redfish"
+	"github.com/leasehold/leasehold/services/site-agent/internal/tftp"
 )
 
 // Config is the site agent's configuration (DESIGN.md sections 9 and 10).
@@ -38,6 +39,9 @@ type Config struct {
 	BootListenAddr, BootBaseURL string
 	// HostsFile maps MACs to boot profiles.
 	HostsFile string
+	// TFTP serves the iPXE binaries to firmware PXE (only while active);
+	// the same directory is served over HTTP at /tftp/ for UEFI HTTP boot.
+	TFTP tftp.Config
 
 	// Cache is the image cache.
 	Cache imagecache.Config
@@ -57,6 +61,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.LeaseTTL, "boot.lease-ttl", 15*time.Second, "the site:<id>:boot lease TTL the control plane uses (worker --sites.boot-lease-ttl)")
 	fs.DurationVar(&c.PromoteAfter, "boot.promote-after", 15*time.Second, "the promotion delay the control plane uses (worker --sites.promote-after); must be >= --boot.lease-ttl")
 	fs.StringVar(&c.DHCP.ListenAddr, "dhcp.listen-addr", "0.0.0.0:67", "UDP address of the proxy DHCP responder")
+	fs.StringVar(&c.DHCP.PXEListenAddr, "dhcp.pxe-listen-addr", "0.0.0.0:4011", "UDP address of the PXE boot server port, where clients send their ProxyDHCP REQUEST (empty: off)")
 	fs.StringVar(&c.DHCP.Interface, "dhcp.interface", "", "bind the DHCP socket to this interface")
 	fs.Func("dhcp.server-ip", "this agent's IPv4 address on the provisioning network (server identifier, next-server)", func(s string) error {
 		ip := net.ParseIP(s)
@@ -72,9 +77,17 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.BootListenAddr, "boot.listen-addr", "0.0.0.0:8080", "address serving iPXE scripts (/boot/<mac>.ipxe) and images (/images/sha256/<digest>)")
 	fs.StringVar(&c.BootBaseURL, "boot.base-url", "", "URL machines use to reach --boot.listen-addr (default http://<dhcp.server-ip>:<port>)")
 	fs.StringVar(&c.HostsFile, "boot.hosts-file", "", `JSON {"default":{profile},"hosts":{"<mac>":{"kernel":"<sha256>","initrd":"<sha256>","cmdline":"…"}}}`)
+	fs.StringVar(&c.TFTP.ListenAddr, "tftp.listen-addr", "0.0.0.0:69", "UDP address of the TFTP server (firmware PXE downloads iPXE from it)")
+	fs.StringVar(&c.TFTP.Root, "tftp.root", "/var/lib/leasehold/tftp", "directory served read-only over TFTP and at /tftp/ over HTTP; put Debian's ipxe package's undionly.kpxe and ipxe.efi here")
+	fs.IntVar(&c.TFTP.MaxTransfers, "tftp.max-transfers", 64, "concurrent TFTP transfers; more are refused with 'server busy'")
+	fs.IntVar(&c.TFTP.MaxBlockSize, "tftp.max-blksize", 1468, "largest blksize granted (RFC 2348); 1468 fills a 1500-byte frame")
+	fs.DurationVar(&c.TFTP.Timeout, "tftp.timeout", time.Second, "retransmission timeout unless the client asks for one (RFC 2349)")
+	fs.IntVar(&c.TFTP.Retries, "tftp.retries", 5, "sends of a block before a transfer is abandoned")
 	fs.StringVar(&c.Cache.Dir, "cache.dir", "/var/lib/leasehold/images", "image cache directory")
 	fs.StringVar(&c.Cache.Origin, "cache.origin", "", "origin base URL; an image is fetched from <origin>/<sha256>")
 	fs.Int64Var(&c.Cache.MaxBytes, "cache.max-bytes", 8<<30, "largest image accepted")
+	fs.Int64Var(&c.Cache.Budget, "cache.budget-bytes", 64<<30, "all images together; the least recently served are evicted beyond it")
+	fs.IntVar(&c.Cache.Attempts, "cache.fetch-attempts", 3, "origin requests one download may take, resuming with Range after a broken connection")
 	fs.DurationVar(&c.Cache.FetchTimeout, "cache.fetch-timeout", 10*time.Minute, "bound of one image download")
 	fs.StringVar(&c.BMC.CredentialsFile, "bmc.credentials-file", "", `JSON {"<ref>":{"username":…,"password":…}} of BMC accounts named by command payloads`)
 	fs.BoolVar(&c.BMC.InsecureSkipVerify, "bmc.insecure-skip-verify", false, "accept BMC TLS certificates without verification")
@@ -131,6 +144,9 @@ func (c *Config) Validate() error {
 	if _, _, err := net.SplitHostPort(c.BootListenAddr); err != nil {
 		errs = append(errs, fmt.Errorf("--boot.listen-addr %q: %w", c.BootListenAddr, err))
 	}
+	if err := c.TFTP.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.Cache.Dir == "" {
 		errs = append(errs, errors.New("--cache.dir is required"))
 	}
@@ -139,6 +155,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Cache.MaxBytes < 1 {
 		errs = append(errs, fmt.Errorf("--cache.max-bytes %d must be positive", c.Cache.MaxBytes))
+	}
+	if c.Cache.Budget < c.Cache.MaxBytes {
+		errs = append(errs, fmt.Errorf("--cache.budget-bytes %d must be >= --cache.max-bytes %d (one image must fit)", c.Cache.Budget, c.Cache.MaxBytes))
+	}
+	if c.Cache.Attempts < 1 {
+		errs = append(errs, fmt.Errorf("--cache.fetch-attempts %d must be positive", c.Cache.Attempts))
 	}
 	return errors.Join(errs...)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/leasehold/leasehold/pkg/nodeauth"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 	"github.com/leasehold/leasehold/services/site-agent/internal/pxe"
+	"github.com/leasehold/leasehold/services/site-agent/internal/tftp"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -60,7 +61,7 @@ type testAgent struct {
 	probe *nclient4.Client
 }
 
-func startAgent(t *testing.T, id, site, cred, gatewayAddr string, logs *syncBuf) *testAgent {
+func startAgent(t *testing.T, id, site, cred, gatewayAddr string, logs *syncBuf, mutate ...func(*Config)) *testAgent {
 	t.Helper()
 	proxy, err := faultproxy.New(gatewayAddr)
 	require.NoError(t, err)
@@ -70,7 +71,11 @@ func startAgent(t *testing.T, id, site, cred, gatewayAddr string, logs *syncBuf)
 		SelfFence: testSelfFence, LeaseTTL: testTTL, PromoteAfter: testTTL,
 		DHCP: pxeConfig(), BootListenAddr: "127.0.0.1:0", BootBaseURL: "http://127.0.0.1:8080",
 	}
-	cfg.Cache.Dir, cfg.Cache.MaxBytes = t.TempDir(), 1<<20
+	cfg.Cache.Dir, cfg.Cache.MaxBytes, cfg.Cache.Budget, cfg.Cache.Attempts = t.TempDir(), 1<<20, 4<<20, 3
+	cfg.TFTP = tftpConfig(t)
+	for _, m := range mutate {
+		m(&cfg)
+	}
 	cfg.DHCP.ScriptBaseURL = cfg.BootBaseURL
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})).With("agent", id)
 	a, err := New(cfg, Deps{Logger: log})
@@ -333,6 +338,11 @@ func TestTwoAgentsOneAnswersAndFailoverNeverOverlaps(t *testing.T) {
 	for id, e := range d {
 		require.Contains(t, []int64{1, 2}, e, id)
 	}
+}
+
+func tftpConfig(t *testing.T) tftp.Config {
+	return tftp.Config{ListenAddr: "127.0.0.1:0", Root: t.TempDir(), MaxTransfers: 4, MaxBlockSize: 1468,
+		Timeout: time.Second, Retries: 3}
 }
 
 func pxeConfig() (c pxe.Config) {

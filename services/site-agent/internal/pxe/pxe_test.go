@@ -2,6 +2,7 @@ package pxe
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -11,13 +12,14 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/dhcpv4/nclient4"
 	"github.com/insomniacslk/dhcp/iana"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
 var testMAC = net.HardwareAddr{0x52, 0x54, 0x00, 0x12, 0x34, 0x56}
 
 func testConfig() Config {
-	return Config{ListenAddr: "127.0.0.1:0", ServerIP: net.IPv4(127, 0, 0, 1).To4(), BootFileBIOS: "undionly.kpxe",
+	return Config{ListenAddr: "127.0.0.1:0", PXEListenAddr: "127.0.0.1:0", ServerIP: net.IPv4(127, 0, 0, 1).To4(), BootFileBIOS: "undionly.kpxe",
 		BootFileEFI: "ipxe.efi", ScriptBaseURL: "http://127.0.0.1:8080"}
 }
 
@@ -83,16 +85,74 @@ func TestAnswersPXEDiscoverAndRequestOnlyWhileGated(t *testing.T) {
 	require.Equal(t, "http://127.0.0.1:8080/boot/52-54-00-12-34-56.ipxe", ack.BootFileNameOption())
 	require.EqualValues(t, 2, booted.Load())
 
+	// The ProxyDHCP REQUEST iPXE sends to the boot server port (4011) is
+	// acknowledged there.
+	require.NotNil(t, r.PXEAddr())
+	ack, err = c.SendAndRead(ctx, r.PXEAddr(), req, nclient4.IsMessageType(dhcpv4.MessageTypeAck))
+	require.NoError(t, err)
+	require.Equal(t, "http://127.0.0.1:8080/boot/52-54-00-12-34-56.ipxe", ack.BootFileNameOption())
+
 	// Not a PXE client: a proxy stays silent.
 	_, err = c.DiscoverOffer(ctx, dhcpv4.WithOption(dhcpv4.OptClassIdentifier("MSFT 5.0")))
 	require.ErrorIs(t, err, nclient4.ErrNoResponse)
+}
+
+func TestUEFIHTTPBootGetsTheBinarysURLAndTheVendorClassEchoed(t *testing.T) {
+	t.Parallel()
+	g := &gate{}
+	g.on.Store(true)
+	r := New(testConfig(), g.fn, nil, nil, nil)
+	d, err := dhcpv4.NewDiscovery(testMAC, dhcpv4.WithOption(dhcpv4.OptClassIdentifier("HTTPClient:Arch:00016:UNDI:003001")),
+		dhcpv4.WithOption(dhcpv4.OptClientArch(iana.Arch(16))))
+	require.NoError(t, err)
+	offer, err := dhcpv4.FromBytes(r.HandlePacket(d.ToBytes()))
+	require.NoError(t, err)
+	require.Equal(t, "HTTPClient", offer.ClassIdentifier())
+	require.Equal(t, "http://127.0.0.1:8080/tftp/ipxe.efi", offer.BootFileNameOption())
+	require.Equal(t, "http://127.0.0.1:8080/tftp/ipxe.efi", offer.BootFileName)
+
+	// A BIOS client and a UEFI x64 PXE client get their TFTP file names.
+	for arch, want := range map[iana.Arch]string{iana.INTEL_X86PC: "undionly.kpxe", iana.EFI_BC: "ipxe.efi", iana.EFI_X86_64: "ipxe.efi"} {
+		d, err := dhcpv4.NewDiscovery(testMAC, dhcpv4.WithOption(dhcpv4.OptClassIdentifier("PXEClient")), dhcpv4.WithOption(dhcpv4.OptClientArch(arch)))
+		require.NoError(t, err)
+		offer, err := dhcpv4.FromBytes(r.HandlePacket(d.ToBytes()))
+		require.NoError(t, err, arch.String())
+		require.Equal(t, want, offer.BootFileNameOption(), arch.String())
+		require.Equal(t, "PXEClient", offer.ClassIdentifier())
+	}
+}
+
+func TestUnknownClientArchitectureIsDroppedWithALogLine(t *testing.T) {
+	t.Parallel()
+	g := &gate{}
+	g.on.Store(true)
+	var logs strings.Builder
+	r := New(testConfig(), g.fn, nil, slog.New(slog.NewTextHandler(&logs, nil)), nil)
+	for _, tc := range []struct {
+		vendor string
+		arch   iana.Arch
+	}{{"PXEClient:Arch:00011", iana.EFI_ARM64}, {"PXEClient:Arch:00006", iana.EFI_IA32}, {"HTTPClient:Arch:00019", iana.Arch(19)},
+		{"PXEClient", iana.Arch(4242)}} {
+		d, err := dhcpv4.NewDiscovery(testMAC, dhcpv4.WithOption(dhcpv4.OptClassIdentifier(tc.vendor)), dhcpv4.WithOption(dhcpv4.OptClientArch(tc.arch)))
+		require.NoError(t, err)
+		require.Nil(t, r.HandlePacket(d.ToBytes()), tc.vendor)
+	}
+	require.Equal(t, 4.0, testutil.ToFloat64(r.m.packets.WithLabelValues("unknown_arch")))
+	require.Contains(t, logs.String(), "no boot file for this client architecture")
+	require.Contains(t, logs.String(), "arch=4242")
+	// iPXE on any architecture still gets its script.
+	d, err := dhcpv4.NewDiscovery(testMAC, dhcpv4.WithOption(dhcpv4.OptClassIdentifier("PXEClient")),
+		dhcpv4.WithOption(dhcpv4.OptClientArch(iana.EFI_ARM64)), dhcpv4.WithUserClass("iPXE", false))
+	require.NoError(t, err)
+	require.NotNil(t, r.HandlePacket(d.ToBytes()))
 }
 
 func TestMalformedPacketsAndMACsAreIgnored(t *testing.T) {
 	t.Parallel()
 	g := &gate{}
 	g.on.Store(true)
-	r := New(testConfig(), g.fn, nil, nil, nil)
+	var logs strings.Builder
+	r := New(testConfig(), g.fn, nil, slog.New(slog.NewTextHandler(&logs, nil)), nil)
 	good, err := dhcpv4.NewDiscovery(testMAC, dhcpv4.WithOption(dhcpv4.OptClassIdentifier("PXEClient")))
 	require.NoError(t, err)
 	require.NotNil(t, r.HandlePacket(good.ToBytes()))
@@ -120,6 +180,9 @@ func TestMalformedPacketsAndMACsAreIgnored(t *testing.T) {
 	hw := good.ToBytes()
 	hw[2] = 200 // hardware address length beyond 16
 	require.Nil(t, r.HandlePacket(hw))
+	require.Contains(t, logs.String(), "DHCP packet dropped: does not parse")
+	require.Contains(t, logs.String(), "DHCP packet dropped: not an Ethernet BOOTREQUEST")
+	require.NotNil(t, r.HandlePacket(good.ToBytes()), "still serving")
 }
 
 func TestParseMACRefusesMalformed(t *testing.T) {

@@ -3,12 +3,14 @@ package sinks
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"strings"
 	"time"
 
 	"github.com/grafana/dskit/services"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/leasehold/leasehold/pkg/egress"
 	"github.com/leasehold/leasehold/pkg/reconcile"
 )
 
@@ -24,12 +26,17 @@ type Manager struct {
 	rt      *reconcile.Runtime
 	logger  *slog.Logger
 	refresh time.Duration
+	client  *http.Client
 	running map[string]Webhook
 }
 
-// NewManager returns a manager refreshing every refresh.
-func NewManager(db *pgxpool.Pool, rt *reconcile.Runtime, logger *slog.Logger, refresh time.Duration) *Manager {
-	m := &Manager{db: db, rt: rt, logger: logger, refresh: refresh, running: map[string]Webhook{}}
+// DeliveryTimeout bounds one POST to a sink.
+const DeliveryTimeout = 10 * time.Second
+
+// NewManager returns a manager refreshing every refresh; every delivery
+// dials through policy.
+func NewManager(db *pgxpool.Pool, rt *reconcile.Runtime, logger *slog.Logger, refresh time.Duration, policy egress.Policy) *Manager {
+	m := &Manager{db: db, rt: rt, logger: logger, refresh: refresh, client: policy.Client(DeliveryTimeout), running: map[string]Webhook{}}
 	m.BasicService = services.NewTimerService(refresh, m.sync, m.iterate, nil).WithName("sinks")
 	return m
 }
@@ -50,6 +57,7 @@ func (m *Manager) iterate(ctx context.Context) error {
 	}
 	want := map[string]Webhook{}
 	for _, h := range hooks {
+		h.Client = m.client
 		want[h.ID] = h
 	}
 	for id, h := range want {

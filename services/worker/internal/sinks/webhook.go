@@ -1,9 +1,17 @@
 // Package sinks delivers node events to webhooks, one singleton:sink:<id>
-// lease per configured sink. Each batch is a JSON POST signed with
-// HMAC-SHA256 over "<timestamp>.<body>" with the sink's secret; a 2xx
-// answer moves the saved cursor, anything else is retried with back-off.
-// A new lease holder resumes from the saved cursor: at-least-once, and
-// receivers deduplicate by event id.
+// lease per configured sink. Each batch is a JSON POST signed as Standard
+// Webhooks specify (webhook-id, webhook-timestamp, webhook-signature
+// "v1,<base64 HMAC-SHA256 of id.timestamp.body>"), so receivers can verify
+// it with an off-the-shelf library; the older X-Leasehold-Signature
+// ("sha256=<hex HMAC-SHA256 of timestamp.body>") is still sent beside it. A
+// 2xx answer moves the saved cursor, anything else is retried with
+// back-off. A new lease holder resumes from the saved cursor:
+// at-least-once, and receivers deduplicate by webhook-id or event id.
+//
+// Every connection goes through an egress.Policy (pkg/egress): a sink
+// whose name resolves to loopback, link-local, metadata or (unless
+// allowed) private addresses is refused when dialled, whatever it resolved
+// to when it was created.
 package sinks
 
 import (
@@ -11,26 +19,40 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/leasehold/leasehold/pkg/egress"
 	"github.com/leasehold/leasehold/pkg/reconcile"
 )
 
-// Header names of a delivery.
+// Header names of a delivery: the Standard Webhooks three, and
+// leasehold's own (kept for receivers written against them).
 const (
-	HeaderSignature = "X-Leasehold-Signature"
-	HeaderTimestamp = "X-Leasehold-Timestamp"
-	HeaderSink      = "X-Leasehold-Sink"
+	HeaderID        = "webhook-id"
+	HeaderTimestamp = "webhook-timestamp"
+	HeaderSignature = "webhook-signature"
+
+	HeaderLegacySignature = "X-Leasehold-Signature"
+	HeaderLegacyTimestamp = "X-Leasehold-Timestamp"
+	HeaderSink            = "X-Leasehold-Sink"
 )
+
+// SecretPrefix marks a Standard Webhooks secret: "whsec_" and the base64
+// of the signing key.
+const SecretPrefix = "whsec_"
 
 // Event is one delivered node event.
 type Event struct {
@@ -45,11 +67,39 @@ type Event struct {
 
 // Batch is the body of one POST.
 type Batch struct {
+	// ID is the message id sent as webhook-id: the same for every retry
+	// of the same events, so receivers can drop a redelivery whole.
+	ID     string  `json:"id"`
 	Sink   string  `json:"sink"`
 	Events []Event `json:"events"`
 }
 
-// Sign returns the signature header value for body sent at ts.
+// SigningKey is the HMAC key of secret: the decoded key of a whsec_
+// secret, otherwise the secret's own bytes. To verify with a Standard
+// Webhooks library, give it a whsec_ secret as is, and any other secret as
+// "whsec_" + base64(secret).
+func SigningKey(secret string) []byte {
+	if rest, ok := strings.CutPrefix(secret, SecretPrefix); ok {
+		if key, err := base64.StdEncoding.DecodeString(rest); err == nil && len(key) > 0 {
+			return key
+		}
+	}
+	return []byte(secret)
+}
+
+// SignStandard returns the webhook-signature value of a delivery:
+// "v1,<base64 HMAC-SHA256(key, id.timestamp.body)>".
+func SignStandard(key []byte, id, ts string, body []byte) string {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte(id))
+	m.Write([]byte("."))
+	m.Write([]byte(ts))
+	m.Write([]byte("."))
+	m.Write(body)
+	return "v1," + base64.StdEncoding.EncodeToString(m.Sum(nil))
+}
+
+// Sign returns the legacy X-Leasehold-Signature value for body sent at ts.
 func Sign(secret []byte, ts string, body []byte) string {
 	m := hmac.New(sha256.New, secret)
 	m.Write([]byte(ts))
@@ -58,9 +108,20 @@ func Sign(secret []byte, ts string, body []byte) string {
 	return "sha256=" + hex.EncodeToString(m.Sum(nil))
 }
 
-// Verify checks a delivery's signature in constant time.
+// Verify checks a legacy X-Leasehold-Signature in constant time.
 func Verify(secret []byte, ts string, body []byte, signature string) bool {
 	return hmac.Equal([]byte(Sign(secret, ts, body)), []byte(signature))
+}
+
+// messageID names the events between two cursors of a sink: a retry of the
+// same batch gets the same id.
+func messageID(sink string, from, to reconcile.Cursor) string {
+	h := sha256.New()
+	h.Write([]byte(sink))
+	for _, v := range []int64{from.TxID, from.Seq, to.TxID, to.Seq} {
+		h.Write(binary.BigEndian.AppendUint64(nil, uint64(v)))
+	}
+	return "msg_" + hex.EncodeToString(h.Sum(nil)[:16])
 }
 
 // Webhook is one configured sink.
@@ -68,6 +129,8 @@ type Webhook struct {
 	ID     string
 	URL    string
 	Secret string
+	// Client posts the deliveries; Manager gives every sink one client
+	// built from its egress.Policy.
 	Client *http.Client
 }
 
@@ -101,6 +164,7 @@ func (w Webhook) Sink() reconcile.Sink {
 			if err := rows.Err(); err != nil {
 				return nil, cur, 0, err
 			}
+			b.ID = messageID(w.ID, cur, next)
 			return b, next, len(b.Events), nil
 		},
 		Deliver: func(ctx context.Context, batch any) error { return w.deliver(ctx, batch.(Batch)) },
@@ -118,15 +182,21 @@ func (w Webhook) deliver(ctx context.Context, b Batch) error {
 		return fmt.Errorf("sink %s: %w", w.ID, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(HeaderTimestamp, ts)
+	// Set directly: the spec spells the names in lower case.
+	req.Header[HeaderID] = []string{b.ID}
+	req.Header[HeaderTimestamp] = []string{ts}
+	req.Header[HeaderSignature] = []string{SignStandard(SigningKey(w.Secret), b.ID, ts, body)}
+	req.Header.Set(HeaderLegacyTimestamp, ts)
+	req.Header.Set(HeaderLegacySignature, Sign([]byte(w.Secret), ts, body))
 	req.Header.Set(HeaderSink, w.ID)
-	req.Header.Set(HeaderSignature, Sign([]byte(w.Secret), ts, body))
-	client := w.Client
-	if client == nil {
-		client = &http.Client{Timeout: 10 * time.Second}
+	if w.Client == nil {
+		return fmt.Errorf("sink %s: no HTTP client (the manager sets one with the egress policy)", w.ID)
 	}
-	resp, err := client.Do(req)
+	resp, err := w.Client.Do(req)
 	if err != nil {
+		if errors.Is(err, egress.ErrRefused) {
+			return fmt.Errorf("sink %s: %s refused: %w", w.ID, redactURL(w.URL), err)
+		}
 		return fmt.Errorf("sink %s: post: %w", w.ID, err)
 	}
 	defer resp.Body.Close()

@@ -1,0 +1,86 @@
+package api
+
+import (
+	"compress/gzip"
+	"fmt"
+	"io"
+	"net/http"
+
+	"connectrpc.com/connect"
+)
+
+// authenticateFirst puts the bearer-token check in front of ControlService
+// at the HTTP layer: a call without a valid token, or whose role may not
+// call the procedure (the URL path), is answered UNAUTHENTICATED or
+// PERMISSION_DENIED in the caller's protocol before a byte of its body is
+// read or decompressed, so an anonymous caller can neither make the api
+// inflate a compression bomb nor tell valid JSON from invalid. An accepted
+// call's raw body is capped at maxMessage plus framing; the interceptor
+// checks the token again (defence in depth) and puts the identity in the
+// context.
+func authenticateFirst(auth *authInterceptor, maxMessage int64, next http.Handler) http.Handler {
+	errs := connect.NewErrorWriter()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := auth.authorize(r.Context(), r.URL.Path, r.Header.Get("Authorization"), r.RemoteAddr); err != nil {
+			_ = errs.Write(w, r, err)
+			return
+		}
+		// One message plus envelope headers and an end-of-stream frame.
+		r.Body = http.MaxBytesReader(w, r.Body, maxMessage+64<<10)
+		next.ServeHTTP(w, r)
+	})
+}
+
+// boundedGzip replaces connect-go's gzip with a decompressor that stops
+// after max+1 bytes. connect-go refuses a message larger than its read
+// limit, but first decompresses the rest of it to report the size; this
+// one fails instead, so a small compressed bomb costs at most max bytes of
+// work even for an authenticated caller.
+func boundedGzip(max int64) connect.HandlerOption {
+	return connect.WithCompression("gzip",
+		func() connect.Decompressor { return &limitedGzipReader{max: max} },
+		func() connect.Compressor { return gzip.NewWriter(io.Discard) },
+	)
+}
+
+type limitedGzipReader struct {
+	gz  *gzip.Reader
+	max int64
+	n   int64
+}
+
+func (l *limitedGzipReader) Read(p []byte) (int, error) {
+	if l.gz == nil {
+		return 0, io.ErrUnexpectedEOF
+	}
+	left := l.max + 1 - l.n
+	if left <= 0 {
+		return 0, fmt.Errorf("decompressed message is larger than %d bytes", l.max)
+	}
+	if int64(len(p)) > left {
+		p = p[:left]
+	}
+	k, err := l.gz.Read(p)
+	l.n += int64(k)
+	return k, err
+}
+
+func (l *limitedGzipReader) Reset(r io.Reader) error {
+	l.n = 0
+	if l.gz == nil {
+		gz, err := gzip.NewReader(r)
+		if err != nil {
+			return err
+		}
+		l.gz = gz
+		return nil
+	}
+	return l.gz.Reset(r)
+}
+
+func (l *limitedGzipReader) Close() error {
+	if l.gz == nil {
+		return nil
+	}
+	return l.gz.Close()
+}
