@@ -297,7 +297,7 @@ func TestChaosCheckerDetectsViolations(t *testing.T) {
 	ctx := context.Background()
 	tx, err := f.db.Pool.Begin(ctx)
 	require.NoError(t, err)
-	defer tx.Rollback(ctx)
+	defer func() { _ = tx.Rollback(ctx) }()
 	_, err = tx.Exec(ctx, `SET LOCAL session_replication_role = replica`) // no triggers: write the history as is
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, `

@@ -189,7 +189,7 @@ func (p *Proc) WaitReady(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		if p.Exited() {
-			return fmt.Errorf("%s exited (%v) before it was ready:\n%s", p.Name, p.waitErr, p.Tail())
+			return fmt.Errorf("%s exited (%w) before it was ready:\n%s", p.Name, p.waitErr, p.Tail())
 		}
 		if code, _, err := p.Get(ctx, "/readyz"); err == nil && code == http.StatusOK {
 			return nil
