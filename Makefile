@@ -85,6 +85,18 @@ lint: vet
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 
+## golangci: golangci-lint (pinned in tools/golangci, a module outside
+## go.work) with .golangci.yml over every module; the linters and why:
+## docs/decisions.md
+.PHONY: golangci
+golangci:
+	@mkdir -p $(BIN)
+	@GOWORK=off go -C tools/golangci build -o $(BIN)/golangci-lint github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+	@set -e; for m in $(MODULES); do \
+		echo "== golangci-lint $${m#$(CURDIR)/}"; \
+		(cd $$m && $(BIN)/golangci-lint run --config $(CURDIR)/.golangci.yml ./...); \
+	done
+
 vet:
 	@for m in $(MODULES); do (cd $$m && go vet ./...) || exit 1; done
 

@@ -123,7 +123,7 @@ func TestDatabaseOutageRecoversInPlace(t *testing.T) {
 		for name, p := range procs {
 			require.False(t, p.Exited(), "%s exited during the outage\n%s", name, p.Logs())
 		}
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) // sampling through the outage (the fault) that no process exits
 	}
 	srv.Start(t)
 	back := time.Now()

@@ -139,7 +139,7 @@ func TestDatabaseRestartUnderLoad(t *testing.T) {
 				}
 				rows.Close()
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // sampling interval while the restart (the fault) runs
 		}
 		t.Logf("%s restart: server back after %s; first renewal after the restart began: %v; first accepted result: %s",
 			mode, up.Round(time.Millisecond), roundAll(renewed), firstResult.Round(time.Millisecond))

@@ -186,7 +186,7 @@ func pgxRetry(fn func() error) error {
 		if err == nil || time.Now().After(deadline) {
 			return err
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // poll interval of a loop bounded by its deadline
 	}
 }
 
@@ -249,7 +249,7 @@ func waitCompleted(t *testing.T, db *pgxpool.Pool, nodes *nodeFleet, ids []strin
 		if time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // poll interval of a loop bounded by its deadline
 	}
 	rows, err := db.Query(context.Background(), `
 SELECT c.id, c.node_id, c.state, c.dispatch_count, coalesce(c.dispatched_by, ''), coalesce(c.dispatch_epoch, 0),

@@ -37,21 +37,21 @@ func TestNetworkFaultsBetweenDaemonsAndGateways(t *testing.T) {
 	results := func() int { n, _ := queryInt(db.Pool, `SELECT count(*) FROM command_results`); return n }
 
 	lb.SetLatency(100 * time.Millisecond)
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // the fault: 100 ms of latency for 3 s
 	lb.SetLatency(0)
 	for range 2 {
 		lb.CutAll()
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // the fault: connections cut once a second
 	}
 	lb.Refuse()
 	lb.CutAll()
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // the fault: connections refused for 2 s
 	lb.Restore()
 	before := results()
 	require.Eventually(t, func() bool { return results() > before }, 20*time.Second, 50*time.Millisecond, "results flow after drops")
 
 	lb.Blackhole()
-	time.Sleep(6 * time.Second)
+	time.Sleep(6 * time.Second) // the fault: a 6 s blackhole
 	lb.Restore()
 	start := time.Now()
 	before = results()

@@ -77,7 +77,7 @@ func TestNodeNeverUnreachableWhileConnectedElsewhere(t *testing.T) {
 			LEFT JOIN leases l ON l.name = 'gateway:' || s.gateway_id
 			WHERE n.state = 'unreachable' AND s.state = 'connected' AND l.expires_at > compute_now()`).Scan(&bad))
 		require.Zero(t, bad, "a node was marked unreachable while it had a live session")
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // sampling interval of an invariant checked throughout the takeover
 	}
 	require.Eventually(t, func() bool { return connected("gw_two") == len(ids) }, 20*time.Second, 50*time.Millisecond)
 	var unreachable int

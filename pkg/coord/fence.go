@@ -80,7 +80,7 @@ func RunFenced(ctx context.Context, db pgdb.Beginner, l Lease, opts FenceOptions
 		timeout = DefaultStatementTimeout
 	}
 	if !l.ValidUntil.IsZero() {
-		now := time.Now
+		now := time.Now //nolint:forbidigo // the default when no clock is injected
 		if opts.Now != nil {
 			now = opts.Now
 		}

@@ -161,7 +161,7 @@ func (p Policy) CheckURL(u *url.URL) error {
 // clients still turn into addresses; it returns the zero Addr otherwise.
 func parseLegacyIPv4(host string) netip.Addr {
 	if host == "" || strings.ContainsFunc(host, func(r rune) bool {
-		return !(r >= '0' && r <= '9' || r == '.' || r == 'x' || r == 'X' || r >= 'a' && r <= 'f' || r >= 'A' && r <= 'F')
+		return (r < '0' || r > '9') && r != '.' && r != 'x' && r != 'X' && (r < 'a' || r > 'f') && (r < 'A' || r > 'F')
 	}) {
 		return netip.Addr{}
 	}

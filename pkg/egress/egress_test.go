@@ -116,7 +116,10 @@ func TestClientRefusesResolvedLoopback(t *testing.T) {
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, nil)
 	require.NoError(t, err)
-	_, err = Policy{}.Client(5 * time.Second).Do(req)
+	resp, err := Policy{}.Client(5 * time.Second).Do(req)
+	if resp != nil {
+		_ = resp.Body.Close()
+	}
 	require.ErrorIs(t, err, ErrRefused)
 	require.Contains(t, err.Error(), "loopback address")
 	require.Empty(t, hits)
@@ -126,7 +129,7 @@ func TestClientRefusesResolvedLoopback(t *testing.T) {
 	require.NoError(t, err)
 	client := Policy{AllowLoopback: true}.Client(5 * time.Second)
 	defer client.CloseIdleConnections()
-	resp, err := client.Do(req)
+	resp, err = client.Do(req)
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Len(t, hits, 1)

@@ -148,7 +148,7 @@ func Start(ctx context.Context, opts Options) (*Bouncer, error) {
 		select {
 		case <-b.done:
 			os.RemoveAll(dir)
-			return nil, fmt.Errorf("pgbouncer exited at start: %v\n%s", b.err, b.logs.String())
+			return nil, fmt.Errorf("pgbouncer exited at start: %w\n%s", b.err, b.logs.String())
 		default:
 		}
 		if err := pglocal.WaitTCP(b.Addr(), 100*time.Millisecond); err == nil {

@@ -447,7 +447,7 @@ func poll(ctx context.Context, what string, check func() (bool, error)) error {
 		select {
 		case <-ctx.Done():
 			if last != nil {
-				return fmt.Errorf("wait for %s: %w (last error: %v)", what, ctx.Err(), last)
+				return fmt.Errorf("wait for %s: %w (last error: %w)", what, ctx.Err(), last)
 			}
 			return fmt.Errorf("wait for %s: %w", what, ctx.Err())
 		case <-time.After(50 * time.Millisecond):

@@ -38,7 +38,7 @@ func startLocal(ctx context.Context) (*server, error) {
 		return nil, err
 	}
 	if err := c.Start(ctx); err != nil {
-		c.Remove(context.Background())
+		_ = c.Remove(context.Background())
 		return nil, err
 	}
 	return &server{

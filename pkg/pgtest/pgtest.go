@@ -22,6 +22,7 @@ package pgtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -352,7 +353,7 @@ func startServer(ctx context.Context) (*server, error) {
 	}
 	if s, err := startDocker(ctx); err == nil {
 		return s, nil
-	} else if s == nil && err != errNoDocker {
+	} else if s == nil && !errors.Is(err, errNoDocker) {
 		fmt.Fprintf(os.Stderr, "pgtest: docker: %v; using local binaries\n", err)
 	}
 	return startLocal(ctx)
@@ -371,7 +372,7 @@ func (s *server) prepareTemplate(ctx context.Context) error {
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(774411)"); err != nil {
 		return fmt.Errorf("template lock: %w", err)
 	}
-	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(774411)")
+	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(774411)") }()
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", templateDB).Scan(&exists); err != nil {
 		return fmt.Errorf("look up template: %w", err)

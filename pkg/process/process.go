@@ -315,6 +315,6 @@ func Serve(ctx context.Context, srv *http.Server, ln net.Listener, name string, 
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	_ = srv.Shutdown(shutdownCtx)
-	<-errc
+	<-errc //nolint:errcheck // after Shutdown, Serve returns http.ErrServerClosed
 	return nil
 }

@@ -185,7 +185,7 @@ func runChaos(t *testing.T, duration time.Duration, dbFaults bool) {
 	deadline := time.Now().Add(duration)
 	step := 0
 	for time.Now().Before(deadline) {
-		time.Sleep(time.Duration(200+rng.IntN(1300)) * time.Millisecond)
+		time.Sleep(time.Duration(200+rng.IntN(1300)) * time.Millisecond) // the schedule: the next fault in 0.2-1.5 s
 		now := time.Now()
 		for _, id := range ids {
 			if at, ok := paused[id]; ok && now.After(at) {
@@ -234,7 +234,7 @@ func runChaos(t *testing.T, duration time.Duration, dbFaults bool) {
 			faults["db-restart"]++
 		case 5: // the database is away for 1-6 s
 			srv.Stop(t)
-			time.Sleep(time.Duration(1000+rng.IntN(5000)) * time.Millisecond)
+			time.Sleep(time.Duration(1000+rng.IntN(5000)) * time.Millisecond) // the fault: the outage
 			srv.Start(t)
 			faults["db-outage"]++
 		}
@@ -298,7 +298,7 @@ func TestChaosCheckerDetectsViolations(t *testing.T) {
 	ctx := context.Background()
 	tx, err := f.db.Pool.Begin(ctx)
 	require.NoError(t, err)
-	defer tx.Rollback(ctx)
+	defer func() { _ = tx.Rollback(ctx) }()
 	_, err = tx.Exec(ctx, `SET LOCAL session_replication_role = replica`) // no triggers: write the history as is
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, `

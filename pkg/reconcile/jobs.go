@@ -108,10 +108,11 @@ func (rt *Runtime) RemoveJob(ctx context.Context, leaseName string) error {
 	if cancel != nil {
 		cancel()
 	}
-	if rt.renewer == nil {
+	r := rt.Renewer() // may run while the runtime starts
+	if r == nil {
 		return nil
 	}
-	return rt.renewer.RemoveSingleton(ctx, leaseName)
+	return r.RemoveSingleton(ctx, leaseName)
 }
 
 // Jobs returns the lease names of the registered jobs.

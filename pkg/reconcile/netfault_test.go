@@ -76,7 +76,7 @@ func TestNetworkFaultsBetweenWorkerAndDatabase(t *testing.T) {
 	heldA := f.held(t, "wa")
 	before := runs("wa")
 	proxy.SetLatency(40 * time.Millisecond)
-	time.Sleep(4 * time.Second)
+	time.Sleep(4 * time.Second) // the fault: 40 ms of latency for 4 s
 	proxy.SetLatency(0)
 	require.Greater(t, runs("wa"), before, "A keeps working under latency")
 	t.Logf("latency 40 ms: A held %d leases before, %d after; %d runs under latency", heldA, f.held(t, "wa"), runs("wa")-before)
@@ -84,11 +84,11 @@ func TestNetworkFaultsBetweenWorkerAndDatabase(t *testing.T) {
 	// 2. Drops, and 3. refusal.
 	for range 2 {
 		proxy.CutAll()
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) // the fault: connections cut twice a second
 	}
 	proxy.Refuse()
 	proxy.CutAll()
-	time.Sleep(1500 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) // the fault: connections refused for 1.5 s
 	proxy.Restore()
 	before = runs("wa")
 	require.Eventually(t, func() bool { return runs("wa") > before }, 15*time.Second, 50*time.Millisecond,
@@ -107,7 +107,7 @@ func TestNetworkFaultsBetweenWorkerAndDatabase(t *testing.T) {
 	var lastValid time.Time
 	require.NoError(t, f.db.Pool.QueryRow(context.Background(),
 		"SELECT coalesce(max(valid_at_finish), $1) FROM reconcile_log WHERE owner = 'wa'", cut).Scan(&lastValid))
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // a window for the cut-off holder to try: what is checked is that nothing of it lands
 	require.Zero(t, count(t, f.db.Pool, "SELECT count(*) FROM reconcile_log WHERE owner = 'wa' AND finished_at > $1", lastValid),
 		"a write of the blackholed holder committed after its validity")
 

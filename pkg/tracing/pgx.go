@@ -18,7 +18,7 @@ func otelGlobal() trace.TracerProvider { return otel.GetTracerProvider() }
 // milliseconds and would otherwise each open a root trace of their own.
 // SQL text is recorded; query arguments never are.
 func PgxTracer(tp trace.TracerProvider) pgx.QueryTracer {
-	return &parentOnly{inner: otelpgx.NewTracer(otelpgx.WithTracerProvider(TracerProvider(tp)), otelpgx.WithTrimSQLInSpanName())}
+	return &parentOnly{inner: otelpgx.NewTracer(otelpgx.WithTracerProvider(TracerProvider(tp)))}
 }
 
 // parentOnly delegates to otelpgx when ctx holds a span. The start marks

@@ -93,6 +93,6 @@ func TestPgxTracerOnlyInsideATrace(t *testing.T) {
 	require.Equal(t, parent.SpanContext().TraceID(), q.SpanContext().TraceID())
 	require.Equal(t, parent.SpanContext().SpanID(), q.Parent().SpanID())
 	for _, a := range q.Attributes() {
-		require.NotContains(t, a.Value.Emit(), "42", "query arguments are never recorded (%s)", a.Key)
+		require.NotContains(t, a.Value.String(), "42", "query arguments are never recorded (%s)", a.Key)
 	}
 }

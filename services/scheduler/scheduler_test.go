@@ -139,7 +139,7 @@ func TestPlacerFailoverMidPlacementAllocatesNoNodeTwice(t *testing.T) {
 		return n == 2
 	}, 30*time.Second, 50*time.Millisecond, "the survivor completes the placement")
 	a.Resume()
-	time.Sleep(3 * time.Second) // A wakes up and tries to go on
+	time.Sleep(3 * time.Second) // a window for the woken A to go on: what is checked is that nothing of it commits
 	for _, al := range checkPlacement(t, db.Pool) {
 		require.Equal(t, "sb", al.by, "nothing the paused placer did committed")
 	}

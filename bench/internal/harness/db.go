@@ -205,8 +205,9 @@ func Host() string {
 	mem := "?"
 	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
 		var kb int64
-		fmt.Sscanf(strings.SplitN(string(b), "\n", 2)[0], "MemTotal: %d kB", &kb)
-		mem = fmt.Sprintf("%.0f GiB", float64(kb)/(1<<20))
+		if _, err := fmt.Sscanf(strings.SplitN(string(b), "\n", 2)[0], "MemTotal: %d kB", &kb); err == nil {
+			mem = fmt.Sprintf("%.0f GiB", float64(kb)/(1<<20))
+		}
 	}
 	load := ""
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {

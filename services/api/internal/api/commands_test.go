@@ -65,7 +65,7 @@ func TestCreateCommandIdempotencyKey(t *testing.T) {
 	ce = requireCode(t, err, connect.CodeInvalidArgument)
 	require.Contains(t, ce.Message(), "deadline:")
 	_, err = b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "ghost", Kind: "exec"}))
-	requireCode(t, err, connect.CodeNotFound)
+	_ = requireCode(t, err, connect.CodeNotFound)
 	require.Equal(t, 4, b.count(`SELECT count(*) FROM commands`))
 
 	got, err := b.viewer.GetCommand(ctx, connect.NewRequest(&controlv1.GetCommandRequest{CommandId: c.GetId()}))
@@ -73,7 +73,7 @@ func TestCreateCommandIdempotencyKey(t *testing.T) {
 	require.Equal(t, c.GetPayload(), got.Msg.GetCommand().GetPayload())
 	require.Nil(t, got.Msg.GetResult())
 	_, err = b.viewer.GetCommand(ctx, connect.NewRequest(&controlv1.GetCommandRequest{CommandId: "ghost"}))
-	requireCode(t, err, connect.CodeNotFound)
+	_ = requireCode(t, err, connect.CodeNotFound)
 }
 
 func TestCancelCommand(t *testing.T) {
@@ -103,7 +103,7 @@ func TestCancelCommand(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, controlv1.CommandState_COMMAND_STATE_SUCCEEDED, r.Msg.GetCommand().GetState())
 	_, err = b.operator.CancelCommand(ctx, connect.NewRequest(&controlv1.CancelCommandRequest{CommandId: "ghost"}))
-	requireCode(t, err, connect.CodeNotFound)
+	_ = requireCode(t, err, connect.CodeNotFound)
 }
 
 func TestWaitCommand(t *testing.T) {

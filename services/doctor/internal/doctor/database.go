@@ -107,7 +107,7 @@ func (d *Doctor) probePooler(ctx context.Context) (poolerProbe, error) {
 	if err != nil {
 		return p, err
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&p.pidB); err != nil {
 		return p, err
 	}

@@ -234,7 +234,10 @@ func TestStuckLeaseHeldPastExpiryByFencedTransaction(t *testing.T) {
 	tx = fence(t, holder, "shard:8", "w-a", 3)
 	require.Eventually(t, func() bool {
 		var older bool
-		err := tx.QueryRow(context.Background(), "SELECT clock_timestamp() - transaction_timestamp() > $1::interval", "2.2 seconds").Scan(&older)
+		// Observed from another session: a statement on tx would replace
+		// the fence as the transaction's last statement.
+		err := db.QueryRow(context.Background(), "SELECT clock_timestamp() - xact_start > $1::interval FROM pg_stat_activity WHERE pid = $2",
+			"2.2 seconds", holder.PgConn().PID()).Scan(&older)
 		return err == nil && older
 	}, 30*time.Second, 20*time.Millisecond, "the fenced transaction outlives the lease TTL")
 	f = b.check(t, doctor.CodeLeasesStuck)

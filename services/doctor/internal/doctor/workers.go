@@ -2,6 +2,7 @@ package doctor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -177,7 +178,7 @@ func (l leaseRow) String() string {
 func readLease(ctx context.Context, tx pgx.Tx, name string) (leaseRow, bool, error) {
 	var l leaseRow
 	err := tx.QueryRow(ctx, leaseSQL, name).Scan(&l.owner, &l.epoch, &l.live, &l.left)
-	if err == pgx.ErrNoRows {
+	if errors.Is(err, pgx.ErrNoRows) {
 		return l, false, nil
 	}
 	return l, err == nil, err
@@ -192,7 +193,7 @@ func checkSweeper(ctx context.Context, d *Doctor) (Finding, error) {
 	var lease leaseRow
 	err := d.read(ctx, func(tx pgx.Tx) error {
 		err := tx.QueryRow(ctx, sweeperSQL, job).Scan(&periodMs, &lastPeriod, &by, &epoch, &age)
-		if err != nil && err != pgx.ErrNoRows {
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return err
 		}
 		found = err == nil
@@ -344,7 +345,7 @@ func checkMembership(ctx context.Context, d *Doctor) (Finding, error) {
 			}
 			// Orphans nobody holds first: they are the ones not being worked.
 			sort.SliceStable(mine, func(i, j int) bool {
-				return !(mine[i].has && mine[i].lease.live) && mine[j].has && mine[j].lease.live
+				return (!mine[i].has || !mine[i].lease.live) && mine[j].has && mine[j].lease.live
 			})
 			total += len(mine)
 			var hs []string

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,12 +50,13 @@ func testConfig() Config {
 // --gateway.http2-server flag's environment fallback).
 const envHTTP2Server = "LEASEHOLD_GATEWAY_HTTP2_SERVER"
 
-var gwSeq int
+// gwSeq numbers the gateways of parallel tests (go test -race found the
+// plain int's increments racing).
+var gwSeq atomic.Int64
 
 func startGateway(t testing.TB, db *pgtest.DB, cfg Config) *Gateway {
 	t.Helper()
-	gwSeq++
-	g, err := New(cfg, Deps{ID: fmt.Sprintf("gw_test%d", gwSeq), DB: db.Pool, NotifyURL: db.DirectURL, Registry: prometheus.NewRegistry()})
+	g, err := New(cfg, Deps{ID: fmt.Sprintf("gw_test%d", gwSeq.Add(1)), DB: db.Pool, NotifyURL: db.DirectURL, Registry: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	require.NoError(t, services.StartAndAwaitRunning(context.Background(), g))
 	t.Cleanup(func() {

@@ -27,8 +27,7 @@ func TestDispatchAndResultJoinTheCommandsTrace(t *testing.T) {
 	db := pgtest.NewDB(t)
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	gwSeq++
-	g, err := New(testConfig(), Deps{ID: fmt.Sprintf("gw_trace%d", gwSeq), DB: db.Pool, NotifyURL: db.DirectURL, Registry: prometheus.NewRegistry(), Tracer: tp})
+	g, err := New(testConfig(), Deps{ID: fmt.Sprintf("gw_trace%d", gwSeq.Add(1)), DB: db.Pool, NotifyURL: db.DirectURL, Registry: prometheus.NewRegistry(), Tracer: tp})
 	require.NoError(t, err)
 	require.NoError(t, services.StartAndAwaitRunning(context.Background(), g))
 	t.Cleanup(func() {

@@ -79,7 +79,7 @@ func TestCloseDuringTLSHandshake(t *testing.T) {
 				}
 			}()
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // the race being tested: Close lands during the handshakes
 		require.NoError(t, srv.Close())
 		require.ErrorIs(t, <-done, ErrServerClosed)
 		wg.Wait()

@@ -86,7 +86,7 @@ func FuzzServeConn(f *testing.F) {
 		}()
 		_ = client.SetWriteDeadline(time.Now().Add(time.Second))
 		_, _ = client.Write(append([]byte(http2.ClientPreface), data...))
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // the client goes away while the server reads, not before
 		_ = client.Close()
 		select {
 		case <-done:

@@ -258,15 +258,20 @@ func TestShutdownLetsInFlightStreamsFinish(t *testing.T) {
 	<-ts.blockStart
 	shut := make(chan error, 1)
 	go func() { shut <- srv.Shutdown(context.Background()) }()
-	time.Sleep(100 * time.Millisecond)
+	// Shutdown is under way once it takes no new connections; it must
+	// still be waiting for the handler.
+	require.Eventually(t, func() bool {
+		nc, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			_ = nc.Close()
+		}
+		return err != nil
+	}, 5*time.Second, 5*time.Millisecond, "no new connections")
 	select {
 	case err := <-shut:
 		t.Fatalf("Shutdown returned with a handler running: %v", err)
 	default:
 	}
-	// No new connections.
-	_, err := net.DialTimeout("tcp", addr, time.Second)
-	require.Error(t, err)
 	close(ts.released)
 	require.NoError(t, <-res)
 	select {
