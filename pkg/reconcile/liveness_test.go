@@ -90,7 +90,9 @@ func TestLivenessLeavesAPausedMemberToTheTTL(t *testing.T) {
 	t.Parallel()
 	needLiveness(t)
 	f := setupFailover(t)
-	a := f.start(t, "wa", f.db.URL, append(slices.Clone(fastArgs), "--work", "100ms")...)
+	// Self-release after 10 s: a 2.5 s pause must be seen by the TTL and
+	// the liveness rules, not by the stall watchdog (fastArgs: 2 s).
+	a := f.start(t, "wa", f.db.URL, append(slices.Clone(fastArgs), "--work", "100ms", "--coord.self-release-after", "10s")...)
 	f.waitHeld(t, "wa", allLeases, 30*time.Second)
 	b := f.start(t, "wb", f.db.URL, fastArgs...)
 	require.Eventually(t, func() bool { return f.held(t, "wb") >= 50 && f.held(t, "wa") >= 50 }, 20*time.Second, 20*time.Millisecond)
