@@ -31,18 +31,15 @@ func (e *LeaseLostError) Unwrap() error { return ErrLeaseLost }
 const fenceSQL = `
 SELECT 1 FROM leases
  WHERE name = $1 AND owner = $2 AND epoch = $3 AND expires_at > compute_now()
- FOR KEY SHARE`
+ FOR SHARE`
 
-// Fence locks the lease row FOR KEY SHARE at l's owner and epoch inside tx,
-// or returns *LeaseLostError when it is no longer held. Call it first in
-// every write transaction made on behalf of l; the lock then makes a
-// takeover wait until tx ends. A bare EXISTS would not fence under READ
-// COMMITTED: the lock is what orders the two holders.
-//
-// epoch is a key column (the unique index leases_name_epoch_key, migration
-// 00015) and every change of owner raises it, so every takeover conflicts
-// with the lock and waits; a renewal changes only expires_at, takes the
-// weaker FOR NO KEY UPDATE lock and does not wait behind fenced work.
+// Fence locks the lease row FOR SHARE at l's owner and epoch inside tx, or
+// returns *LeaseLostError when it is no longer held. Call it first in every
+// write transaction made on behalf of l; the share lock then makes a
+// takeover, a release and a renewal wait until tx ends. A bare EXISTS would
+// not fence under READ COMMITTED: the lock is what orders the two holders.
+// (FOR KEY SHARE on (name, epoch), migration 00015, was tried and taken
+// back: docs/decisions.md.)
 func Fence(ctx context.Context, tx pgx.Tx, l Lease) error {
 	var one int
 	err := tx.QueryRow(ctx, fenceSQL, l.Name, l.Owner, l.Epoch).Scan(&one)

@@ -85,7 +85,7 @@ func TestPgxTracerOnlyInsideATrace(t *testing.T) {
 	require.Empty(t, rec.Ended(), "no span without a parent")
 
 	ctx, parent := tp.Tracer("test").Start(context.Background(), "call")
-	require.NoError(t, pool.QueryRow(ctx, "SELECT $1::int", 42).Scan(&n))
+	require.NoError(t, pool.QueryRow(ctx, "SELECT length($1::text)", "arg-7f3c9e").Scan(&n))
 	require.Len(t, rec.Ended(), 1, "the query's span")
 	require.True(t, parent.IsRecording(), "the parent is still open")
 	parent.End()
@@ -93,6 +93,6 @@ func TestPgxTracerOnlyInsideATrace(t *testing.T) {
 	require.Equal(t, parent.SpanContext().TraceID(), q.SpanContext().TraceID())
 	require.Equal(t, parent.SpanContext().SpanID(), q.Parent().SpanID())
 	for _, a := range q.Attributes() {
-		require.NotContains(t, a.Value.String(), "42", "query arguments are never recorded (%s)", a.Key)
+		require.NotContains(t, a.Value.String(), "arg-7f3c9e", "query arguments are never recorded (%s)", a.Key)
 	}
 }

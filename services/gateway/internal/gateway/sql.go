@@ -35,7 +35,7 @@ SELECT n.id, n.spec_version, n.spec
  WHERE n.spec_version > m.version`
 
 // discoveryVouchSQL checks, for a site agent's discovery report, that the
-// agent holds its site's boot lease at the report's epoch. FOR KEY SHARE makes a
+// agent holds its site's boot lease at the report's epoch. FOR SHARE makes a
 // takeover of the lease wait until the report is stored, so a report is
 // stored only while its epoch is current.
 const discoveryVouchSQL = `
@@ -44,7 +44,7 @@ SELECT l.epoch
   JOIN leases l ON l.name = 'site:' || n.site_id || ':boot'
  WHERE n.id = $1 AND n.kind = 'site_agent'
    AND l.owner = $1 AND l.epoch = $2 AND l.expires_at > compute_now()
-   FOR KEY SHARE OF l`
+   FOR SHARE OF l`
 
 // helloReplaySQL takes the node's in-flight commands for replay: dispatched
 // or acknowledged without a result, plus pending ones the daemon names as
