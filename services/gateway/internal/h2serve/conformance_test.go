@@ -1,6 +1,7 @@
 package h2serve
 
 import (
+	"bytes"
 	"context"
 	"encoding/xml"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -184,6 +186,14 @@ func serveStdH2C(t *testing.T) string {
 	t.Cleanup(func() {
 		require.NoError(t, srv.Close())
 		require.ErrorIs(t, <-done, http.ErrServerClosed)
+		// net/http's HTTP/2 server keeps a connection's goroutine until its
+		// GOAWAY or idle timers fire after the peer left; wait for them to
+		// end, so goleak in TestMain sees none of the reference server's.
+		require.Eventually(t, func() bool {
+			buf := make([]byte, 4<<20)
+			n := runtime.Stack(buf, true)
+			return !bytes.Contains(buf[:n], []byte("http2serverConn).serve"))
+		}, 30*time.Second, 50*time.Millisecond, "net/http's h2 connections end")
 	})
 	return ln.Addr().String()
 }
