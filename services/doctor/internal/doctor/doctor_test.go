@@ -236,8 +236,12 @@ func TestStuckLeaseHeldPastExpiryByFencedTransaction(t *testing.T) {
 		var older bool
 		// Observed from another session: a statement on tx would replace
 		// the fence as the transaction's last statement.
-		err := db.QueryRow(context.Background(), "SELECT clock_timestamp() - xact_start > $1::interval FROM pg_stat_activity WHERE pid = $2",
-			"2.2 seconds", holder.PgConn().PID()).Scan(&older)
+		// By application_name: behind PgBouncer the client's pid is not
+		// the server backend's.
+		var o *bool
+		err := db.QueryRow(context.Background(), "SELECT bool_or(clock_timestamp() - xact_start > $1::interval) FROM pg_stat_activity WHERE application_name = $2 AND xact_start IS NOT NULL",
+			"2.2 seconds", "leasehold-worker:w-a").Scan(&o)
+		older = o != nil && *o
 		return err == nil && older
 	}, 30*time.Second, 20*time.Millisecond, "the fenced transaction outlives the lease TTL")
 	f = b.check(t, doctor.CodeLeasesStuck)
