@@ -70,7 +70,7 @@ func TestChaosGatewaysAndDatabase(t *testing.T) {
 		n, err := queryInt(db.Pool, `SELECT count(*) FROM node_sessions WHERE state = 'connected'`)
 		return err == nil && n == len(ids)
 	}, 30*time.Second, 50*time.Millisecond)
-	holders := watchHolders(db.Pool)
+	holders := fleettest.WatchHolders(db.Pool)
 	load := startLoad(t, db.Pool, "ccmd", ids, 20*time.Millisecond)
 
 	down := map[string]time.Time{}   // gateway -> start again at
@@ -145,7 +145,7 @@ func TestChaosGatewaysAndDatabase(t *testing.T) {
 	}
 	dup, _ := nodes.twice()
 	require.Empty(t, dup, "commands executed twice")
-	bad, pairs := holders.twoHolders()
+	bad, pairs := holders.Stop()
 	require.Empty(t, bad, "two owners at one epoch of one lease")
 	injected := faults["gateway-kill"] + faults["gateway-pause"] + faults["db-restart"] + faults["db-outage"]
 	require.Greater(t, injected, 3, "the run injected faults")

@@ -2,16 +2,13 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"slices"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/leasehold/leasehold/pkg/fleettest"
@@ -19,65 +16,6 @@ import (
 	"github.com/leasehold/leasehold/pkg/pgha"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 )
-
-// holdersSeen records every (lease, epoch) -> owners pair the database
-// showed, polled every 20 ms on whichever server is primary: two owners
-// at one epoch of one lease would be two processes acting as its holder.
-type holdersSeen struct {
-	mu   sync.Mutex
-	seen map[string]map[string]bool // "name@epoch" -> owners
-	stop chan struct{}
-	done chan struct{}
-}
-
-func watchHolders(db *pgxpool.Pool) *holdersSeen {
-	h := &holdersSeen{seen: map[string]map[string]bool{}, stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(h.done)
-		for {
-			select {
-			case <-h.stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			rows, err := db.Query(ctx, `SELECT name, owner, epoch FROM leases WHERE owner IS NOT NULL`)
-			if err == nil {
-				for rows.Next() {
-					var name, owner string
-					var epoch int64
-					if rows.Scan(&name, &owner, &epoch) == nil {
-						k := fmt.Sprintf("%s@%d", name, epoch)
-						h.mu.Lock()
-						if h.seen[k] == nil {
-							h.seen[k] = map[string]bool{}
-						}
-						h.seen[k][owner] = true
-						h.mu.Unlock()
-					}
-				}
-				rows.Close()
-			}
-			cancel()
-		}
-	}()
-	return h
-}
-
-// twoHolders stops the watch and returns every "lease@epoch" seen with more
-// than one owner.
-func (h *holdersSeen) twoHolders() (bad []string, pairs int) {
-	close(h.stop)
-	<-h.done
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for k, owners := range h.seen {
-		if len(owners) > 1 {
-			bad = append(bad, fmt.Sprintf("%s held by %v", k, owners))
-		}
-	}
-	return bad, len(h.seen)
-}
 
 // TestFailoverToStandbyUnderLoad kills the primary of a streaming pair under
 // load (two gateways, two workers, a scheduler and 20 daemons, all on the
@@ -126,7 +64,7 @@ func failoverUnderLoad(t *testing.T, syncRep bool) {
 		n, err := queryInt(db, `SELECT count(*) FROM node_sessions WHERE state = 'connected'`)
 		return err == nil && n == len(ids)
 	}, 30*time.Second, 50*time.Millisecond)
-	holders := watchHolders(db)
+	holders := fleettest.WatchHolders(db)
 	load := startLoad(t, db, "fcmd", ids, 20*time.Millisecond)
 	require.Eventually(t, func() bool {
 		n, err := queryInt(db, `SELECT count(*) FROM command_results`)
@@ -190,7 +128,7 @@ func failoverUnderLoad(t *testing.T, syncRep bool) {
 	for _, id := range created {
 		require.Equal(t, 1, nodes.executed(id), "command %s executions", id)
 	}
-	bad, pairs := holders.twoHolders()
+	bad, pairs := holders.Stop()
 	require.Empty(t, bad, "two processes held one lease at one epoch")
 	var maxEpoch int64
 	require.NoError(t, db.QueryRow(ctx, `SELECT max(epoch) FROM leases`).Scan(&maxEpoch))

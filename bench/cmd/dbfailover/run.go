@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"sort"
 	"sync"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 
 	"github.com/leasehold/leasehold/bench/internal/fleet"
 	"github.com/leasehold/leasehold/bench/internal/harness"
+	"github.com/leasehold/leasehold/pkg/fleettest"
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/pgdb"
@@ -148,7 +148,7 @@ func (r *run) do(ctx context.Context) (*scenarioResult, error) {
 	}
 	r.logf("%d nodes connected; commands at %.0f/s through the api", len(ids), r.c.rate)
 
-	holders := watchHolders(db)
+	holders := fleettest.WatchHolders(db)
 	prod := startProducer(f, ids, r.c.rate)
 	stopped := false
 	stopLoad := func() {
@@ -257,7 +257,7 @@ func (r *run) do(ctx context.Context) (*scenarioResult, error) {
 	sr.Executions = sim.Executions.Load()
 	sr.Duplicates = sim.Duplicates.Load()
 
-	bad, pairs := holders.twoHolders()
+	bad, pairs := holders.Stop()
 	sr.HolderPairsSeen = pairs
 	sr.TwoHoldersSeen = bad
 	if err := db.QueryRow(ctx, sameEpochSQL).Scan(&sr.LogSameEpochTwoOwners); err != nil {
@@ -362,67 +362,4 @@ func (p *producer) results() (acked []string, failed int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return append([]string(nil), p.acked...), p.failed
-}
-
-// holdersSeen records every (lease, epoch) -> owners the leases table showed,
-// polled every 20 ms on whichever server is primary: two owners at one
-// epoch of one lease are two processes acting as its holder, even when the
-// grant of one of them was lost with the old primary.
-type holdersSeen struct {
-	mu   sync.Mutex
-	seen map[string]map[string]bool
-	stop chan struct{}
-	done chan struct{}
-}
-
-func watchHolders(db *pgxpool.Pool) *holdersSeen {
-	h := &holdersSeen{seen: map[string]map[string]bool{}, stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(h.done)
-		for {
-			select {
-			case <-h.stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			rows, err := db.Query(ctx, `SELECT name, owner, epoch FROM leases WHERE owner IS NOT NULL AND expires_at > compute_now()`)
-			if err == nil {
-				for rows.Next() {
-					var name, owner string
-					var epoch int64
-					if rows.Scan(&name, &owner, &epoch) == nil {
-						k := fmt.Sprintf("%s@%d", name, epoch)
-						h.mu.Lock()
-						if h.seen[k] == nil {
-							h.seen[k] = map[string]bool{}
-						}
-						h.seen[k][owner] = true
-						h.mu.Unlock()
-					}
-				}
-				rows.Close()
-			}
-			cancel()
-		}
-	}()
-	return h
-}
-
-func (h *holdersSeen) twoHolders() (bad []string, pairs int) {
-	close(h.stop)
-	<-h.done
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for k, owners := range h.seen {
-		if len(owners) > 1 {
-			var names []string
-			for o := range owners {
-				names = append(names, o)
-			}
-			sort.Strings(names)
-			bad = append(bad, fmt.Sprintf("%s held by %v", k, names))
-		}
-	}
-	return bad, len(h.seen)
 }
