@@ -56,6 +56,19 @@ END $$;
 CREATE TRIGGER chaos_period_epoch BEFORE INSERT ON period_log FOR EACH ROW EXECUTE FUNCTION chaos_period_epoch();
 `
 
+// installChaosSchema adds the invariant tables to f's database and maps the
+// 500 keys the enqueue loop uses to their shard leases.
+func (f failover) installChaosSchema(t *testing.T) {
+	t.Helper()
+	exec(t, f.db.Pool, chaosSchema)
+	keys, leases := make([]string, 500), make([]string, 500)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("key-%d", i)
+		leases[i] = coord.Controllers.ShardLease(coord.ShardOf(keys[i]))
+	}
+	exec(t, f.db.Pool, `INSERT INTO key_lease SELECT * FROM unnest($1::text[], $2::text[])`, keys, leases)
+}
+
 // chaosInvariants are the checks over the invariant tables, each a query
 // counting violations, with a query counting what it examined.
 var chaosInvariants = []struct{ name, violations, checked string }{
@@ -137,13 +150,7 @@ func runChaos(t *testing.T, duration time.Duration, dbFaults bool) {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 
 	f := setupFailover(t)
-	exec(t, f.db.Pool, chaosSchema)
-	keys, leases := make([]string, 500), make([]string, 500)
-	for i := range keys {
-		keys[i] = fmt.Sprintf("key-%d", i)
-		leases[i] = coord.Controllers.ShardLease(coord.ShardOf(keys[i]))
-	}
-	exec(t, f.db.Pool, `INSERT INTO key_lease SELECT * FROM unnest($1::text[], $2::text[])`, keys, leases)
+	f.installChaosSchema(t)
 	var srv interface {
 		Restart(testing.TB, bool)
 		Stop(testing.TB)

@@ -2,7 +2,6 @@ package reconcile_test
 
 import (
 	"context"
-	"fmt"
 	"net/url"
 	"slices"
 	"strings"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/leasehold/leasehold/pkg/coord"
 	"github.com/leasehold/leasehold/pkg/faultproxy"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 )
@@ -125,13 +123,7 @@ func TestLivenessMemberCutOffFromTheDatabase(t *testing.T) {
 	t.Parallel()
 	needLiveness(t)
 	f := setupFailover(t)
-	exec(t, f.db.Pool, chaosSchema)
-	keys, leases := make([]string, 500), make([]string, 500)
-	for i := range keys {
-		keys[i] = fmt.Sprintf("key-%d", i)
-		leases[i] = coord.Controllers.ShardLease(coord.ShardOf(keys[i]))
-	}
-	exec(t, f.db.Pool, `INSERT INTO key_lease SELECT * FROM unnest($1::text[], $2::text[])`, keys, leases)
+	f.installChaosSchema(t)
 
 	u, err := url.Parse(f.db.URL)
 	require.NoError(t, err)
