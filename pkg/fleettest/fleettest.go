@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -31,14 +32,35 @@ func Binary(t testing.TB, service string) string {
 	return proctest.Build(t, filepath.Join(Root(), "services", service))
 }
 
-// Addr returns a free loopback address.
+// handedOut holds every port Addr returned in this test binary: a port is
+// free only until its process binds it, so two Addr calls before either
+// process starts could otherwise get the same one.
+var handedOut struct {
+	sync.Mutex
+	ports map[int]bool
+}
+
+// Addr returns a free loopback address that no earlier Addr call in this
+// test binary returned.
 func Addr(t testing.TB) string {
 	t.Helper()
-	port, err := pglocal.FreePort()
-	if err != nil {
-		t.Fatal(err)
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	if handedOut.ports == nil {
+		handedOut.ports = map[int]bool{}
 	}
-	return fmt.Sprintf("127.0.0.1:%d", port)
+	for range 100 {
+		port, err := pglocal.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !handedOut.ports[port] {
+			handedOut.ports[port] = true
+			return fmt.Sprintf("127.0.0.1:%d", port)
+		}
+	}
+	t.Fatal("fleettest: no loopback port that was not handed out already")
+	return ""
 }
 
 // FastCoord are reconcile-runtime timings for tests about ordering rather
