@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"runtime"
-	"testing"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
