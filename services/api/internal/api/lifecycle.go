@@ -96,12 +96,13 @@ func reasonDetail(reason, step string) map[string]any {
 // waitDrained polls what runs on node id until it is drained, wait has
 // passed, or ctx ends; it returns the last reading.
 func (h *Handler) waitDrained(ctx context.Context, id string, wait time.Duration) (nodeWork, error) {
-	deadline := time.Now().Add(wait)
 	tick := time.NewTicker(drainPoll)
 	defer tick.Stop()
-	for {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for last := false; ; {
 		w, err := readNodeWork(ctx, h.db, id)
-		if err != nil || w.drained() || !time.Now().Before(deadline) {
+		if err != nil || w.drained() || last {
 			return w, err
 		}
 		select {
@@ -109,6 +110,8 @@ func (h *Handler) waitDrained(ctx context.Context, id string, wait time.Duration
 			return w, ctx.Err()
 		case <-h.waiter.stopping():
 			return w, nil
+		case <-timer.C:
+			last = true // one reading at the deadline, then the answer
 		case <-tick.C:
 		}
 	}
