@@ -10,8 +10,8 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 
-	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/daemon"
+	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 )
 
