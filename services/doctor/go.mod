@@ -12,6 +12,7 @@ require (
 	github.com/leasehold/leasehold/pkg v0.0.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/stretchr/testify v1.12.1
+	golang.org/x/mod v0.42.0
 	google.golang.org/protobuf v1.36.12
 )
 

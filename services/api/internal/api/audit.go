@@ -4,7 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"regexp"
+	"strconv"
+	"time"
 
+	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
 	"github.com/leasehold/leasehold/pkg/pgdb"
 )
 
@@ -46,4 +54,127 @@ func (h *Handler) recordAudit(ctx context.Context, q pgdb.Querier, ev auditEvent
 	h.log.InfoContext(ctx, "audit", "method", ev.Method, "target_kind", ev.TargetKind, "target_id", ev.TargetID,
 		"outcome", ev.Outcome, "caller", actor, "role", role)
 	return nil
+}
+
+// Audit outcomes other than "ok".
+const outcomeUnchanged = "unchanged"
+
+// outcome is "ok" for a call that changed something, "unchanged" for one
+// that found nothing to change (a second revoke, the cancel of a finished
+// command).
+func outcome(changed bool) string {
+	if changed {
+		return "ok"
+	}
+	return outcomeUnchanged
+}
+
+var (
+	auditMethodRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9._]{0,63}$`)
+	auditKindRE   = regexp.MustCompile(`^[a-z][a-z_]{0,31}$`)
+)
+
+const listAuditEventsSQL = `
+SELECT id, at, actor, role, method, target_kind, target_id, outcome, detail
+  FROM audit_events
+ WHERE ($1::bigint = 0 OR id < $1)
+   AND ($2 = '' OR actor = $2) AND ($3 = '' OR method = $3)
+   AND ($4 = '' OR target_kind = $4) AND ($5 = '' OR target_id = $5)
+   AND ($6::timestamptz IS NULL OR at >= $6) AND ($7::timestamptz IS NULL OR at < $7)
+ ORDER BY id DESC LIMIT $8`
+
+type auditFilter struct {
+	since, until *time.Time
+}
+
+func validateListAuditEvents(m *controlv1.ListAuditEventsRequest) (auditFilter, error) {
+	var f auditFilter
+	if err := checkPage(m.GetPageSize(), m.GetPageToken()); err != nil {
+		return f, err
+	}
+	if err := checkText("actor", m.GetActor(), 200); err != nil {
+		return f, err
+	}
+	if err := checkOptionalRE("method", m.GetMethod(), auditMethodRE); err != nil {
+		return f, err
+	}
+	if err := checkOptionalRE("target_kind", m.GetTargetKind(), auditKindRE); err != nil {
+		return f, err
+	}
+	if err := checkOptionalRE("target_id", m.GetTargetId(), idRE); err != nil {
+		return f, err
+	}
+	if m.GetTargetId() != "" && m.GetTargetKind() == "" {
+		return f, invalid("target_id", "needs target_kind")
+	}
+	if m.Since != nil {
+		t, err := checkTimestamp("since", m.GetSince())
+		if err != nil {
+			return f, err
+		}
+		f.since = &t
+	}
+	if m.Until != nil {
+		t, err := checkTimestamp("until", m.GetUntil())
+		if err != nil {
+			return f, err
+		}
+		f.until = &t
+	}
+	if f.since != nil && f.until != nil && !f.since.Before(*f.until) {
+		return f, invalid("until", "must be after since")
+	}
+	return f, nil
+}
+
+// ListAuditEvents returns audit events newest first (by id, the order they
+// were written), filtered by actor, method, target and time.
+func (h *Handler) ListAuditEvents(ctx context.Context, req *connect.Request[controlv1.ListAuditEventsRequest]) (*connect.Response[controlv1.ListAuditEventsResponse], error) {
+	const method = "ListAuditEvents"
+	m := req.Msg
+	f, err := validateListAuditEvents(m)
+	if err != nil {
+		return nil, err
+	}
+	p, err := openPage(method, m.GetPageSize(), m.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	var after int64
+	if p.after.ID != "" {
+		if after, err = strconv.ParseInt(p.after.ID, 10, 64); err != nil || after <= 0 {
+			return nil, invalid("page_token", "is not a page token of %s", method)
+		}
+	}
+	rows, err := h.db.Query(ctx, listAuditEventsSQL, after, m.GetActor(), m.GetMethod(), m.GetTargetKind(), m.GetTargetId(),
+		f.since, f.until, p.limit())
+	if err != nil {
+		return nil, h.fail(ctx, "list audit events", err)
+	}
+	resp := &controlv1.ListAuditEventsResponse{}
+	resp.Events, resp.NextPageToken, err = collectPage(p, rows, func(r pgx.Rows) (*controlv1.AuditEvent, pageKey, error) {
+		e, err := scanAuditEvent(r)
+		return e, pageKey{ID: strconv.FormatInt(e.GetId(), 10)}, err
+	})
+	if err != nil {
+		return nil, h.fail(ctx, "list audit events", err)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func scanAuditEvent(r pgx.Row) (*controlv1.AuditEvent, error) {
+	var (
+		e      controlv1.AuditEvent
+		at     time.Time
+		detail map[string]any
+	)
+	if err := r.Scan(&e.Id, &at, &e.Actor, &e.Role, &e.Method, &e.TargetKind, &e.TargetId, &e.Outcome, &detail); err != nil {
+		return &e, err
+	}
+	e.At = ts(at)
+	var err error
+	if e.Detail, err = structpb.NewStruct(detail); err != nil {
+		return &e, fmt.Errorf("audit event %d detail: %w", e.Id, err)
+	}
+	return &e, nil
 }

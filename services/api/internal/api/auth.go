@@ -41,6 +41,13 @@ var requiredRoles = map[string]apiauth.Role{
 	controlv1connect.ControlServiceCreatePoolProcedure:   apiauth.RoleAdmin,
 	controlv1connect.ControlServiceCreateSinkProcedure:   apiauth.RoleAdmin,
 	controlv1connect.ControlServiceDeleteSinkProcedure:   apiauth.RoleAdmin,
+
+	// Node lifecycle and the audit trail (issue 19).
+	controlv1connect.ControlServiceCordonNodeProcedure:       apiauth.RoleAdmin,
+	controlv1connect.ControlServiceUncordonNodeProcedure:     apiauth.RoleAdmin,
+	controlv1connect.ControlServiceDrainNodeProcedure:        apiauth.RoleAdmin,
+	controlv1connect.ControlServiceDecommissionNodeProcedure: apiauth.RoleAdmin,
+	controlv1connect.ControlServiceListAuditEventsProcedure:  apiauth.RoleAdmin,
 }
 
 // RequiredRole is the least role allowed to call procedure.
@@ -122,12 +129,4 @@ func (a *authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc
 		}
 		return next(ctx, conn)
 	}
-}
-
-// audit logs a change with the caller that made it (never its token).
-func (h *Handler) audit(ctx context.Context, msg string, args ...any) {
-	if id, ok := IdentityFrom(ctx); ok {
-		args = append(args, "caller", id.ID, "role", id.Role.String())
-	}
-	h.log.InfoContext(ctx, msg, args...)
 }

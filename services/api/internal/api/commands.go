@@ -99,7 +99,8 @@ func (h *Handler) CreateCommand(ctx context.Context, req *connect.Request[contro
 			traceparentArg(tracing.Traceparent(ctx))))
 		if err == nil {
 			resp.Command, resp.Created = cmd, true
-			return nil
+			return h.recordAudit(ctx, tx, auditEvent{Method: "CreateCommand", TargetKind: "command", TargetID: cmd.GetId(),
+				Detail: map[string]any{"node_id": m.GetNodeId(), "kind": m.GetKind()}})
 		}
 		if !errors.Is(err, pgx.ErrNoRows) || c.key == nil {
 			return err
@@ -115,14 +116,15 @@ func (h *Handler) CreateCommand(ctx context.Context, req *connect.Request[contro
 				"idempotency_key: already used for command %s of node %q with another kind or payload", cmd.GetId(), m.GetNodeId()))
 		}
 		resp.Command = cmd
-		return nil
+		// A repeat of an idempotent create changes nothing.
+		return h.recordAudit(ctx, tx, auditEvent{Method: "CreateCommand", TargetKind: "command", TargetID: cmd.GetId(),
+			Outcome: outcomeUnchanged, Detail: map[string]any{"node_id": m.GetNodeId(), "kind": m.GetKind()}})
 	})
 	if err != nil {
 		return nil, h.fail(ctx, "create command", err)
 	}
 	if resp.Created {
 		h.wake.Created(m.GetNodeId()) // after the commit: the gateways see the row
-		h.audit(ctx, "command created", "command", resp.Command.GetId(), "node", m.GetNodeId(), "kind", m.GetKind())
 	}
 	return connect.NewResponse(resp), nil
 }
@@ -198,15 +200,23 @@ func (h *Handler) CancelCommand(ctx context.Context, req *connect.Request[contro
 	if err := checkRE("command_id", id, idRE); err != nil {
 		return nil, err
 	}
-	cmd, _, err := scanCommand(h.db.QueryRow(ctx, cancelCommandSQL, id))
-	if errors.Is(err, pgx.ErrNoRows) {
-		cmd, _, err = scanCommand(h.db.QueryRow(ctx, getCommandSQL, id))
+	var cmd *controlv1.Command
+	err := pgdb.InTx(ctx, h.db, func(tx pgx.Tx) error {
+		var err error
+		cmd, _, err = scanCommand(tx.QueryRow(ctx, cancelCommandSQL, id))
+		changed := err == nil
 		if errors.Is(err, pgx.ErrNoRows) {
-			return nil, notFound("command_id", "command", id)
+			cmd, _, err = scanCommand(tx.QueryRow(ctx, getCommandSQL, id))
+			if errors.Is(err, pgx.ErrNoRows) {
+				return notFound("command_id", "command", id)
+			}
 		}
-	} else if err == nil {
-		h.audit(ctx, "command cancelled", "command", id, "node", cmd.GetNodeId())
-	}
+		if err != nil {
+			return err
+		}
+		return h.recordAudit(ctx, tx, auditEvent{Method: "CancelCommand", TargetKind: "command", TargetID: id,
+			Outcome: outcome(changed), Detail: map[string]any{"node_id": cmd.GetNodeId()}})
+	})
 	if err != nil {
 		return nil, h.fail(ctx, "cancel command", err)
 	}

@@ -406,6 +406,57 @@ func TestInvalidArgumentsWriteNothing(t *testing.T) {
 			_, err := v.ListWorkers(ctx, connect.NewRequest(&controlv1.ListWorkersRequest{Group: "a b"}))
 			return err
 		}},
+		// Node lifecycle and the audit trail
+		{"cordon empty", "node_id", func() error {
+			_, err := a.CordonNode(ctx, connect.NewRequest(&controlv1.CordonNodeRequest{}))
+			return err
+		}},
+		{"cordon long reason", "reason", func() error {
+			_, err := a.CordonNode(ctx, connect.NewRequest(&controlv1.CordonNodeRequest{NodeId: "node-1", Reason: long(201)}))
+			return err
+		}},
+		{"uncordon bad", "node_id", func() error {
+			_, err := a.UncordonNode(ctx, connect.NewRequest(&controlv1.UncordonNodeRequest{NodeId: "a b"}))
+			return err
+		}},
+		{"drain long timeout", "timeout", func() error {
+			_, err := a.DrainNode(ctx, connect.NewRequest(&controlv1.DrainNodeRequest{NodeId: "node-1", Timeout: durationpb.New(2 * MaxWait)}))
+			return err
+		}},
+		{"drain control reason", "reason", func() error {
+			_, err := a.DrainNode(ctx, connect.NewRequest(&controlv1.DrainNodeRequest{NodeId: "node-1", Reason: "a\x00b"}))
+			return err
+		}},
+		{"decommission negative timeout", "timeout", func() error {
+			_, err := a.DecommissionNode(ctx, connect.NewRequest(&controlv1.DecommissionNodeRequest{NodeId: "node-1", Timeout: durationpb.New(-time.Second)}))
+			return err
+		}},
+		{"decommission empty", "node_id", func() error {
+			_, err := a.DecommissionNode(ctx, connect.NewRequest(&controlv1.DecommissionNodeRequest{}))
+			return err
+		}},
+		{"audit target id alone", "target_id", func() error {
+			_, err := a.ListAuditEvents(ctx, connect.NewRequest(&controlv1.ListAuditEventsRequest{TargetId: "node-1"}))
+			return err
+		}},
+		{"audit bad kind", "target_kind", func() error {
+			_, err := a.ListAuditEvents(ctx, connect.NewRequest(&controlv1.ListAuditEventsRequest{TargetKind: "Node!"}))
+			return err
+		}},
+		{"audit bad method", "method", func() error {
+			_, err := a.ListAuditEvents(ctx, connect.NewRequest(&controlv1.ListAuditEventsRequest{Method: "a b"}))
+			return err
+		}},
+		{"audit until before since", "until", func() error {
+			now := time.Now()
+			_, err := a.ListAuditEvents(ctx, connect.NewRequest(&controlv1.ListAuditEventsRequest{
+				Since: timestamppb.New(now), Until: timestamppb.New(now.Add(-time.Minute))}))
+			return err
+		}},
+		{"audit page token", "page_token", func() error {
+			_, err := a.ListAuditEvents(ctx, connect.NewRequest(&controlv1.ListAuditEventsRequest{PageToken: "bm90LWEtdG9rZW4"}))
+			return err
+		}},
 	}
 	covered := map[string]bool{"ListSinks": true, "ListGateways": true}
 	for _, tc := range cases {

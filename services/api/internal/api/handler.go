@@ -164,10 +164,11 @@ func scanNode(row pgx.Row) (*controlv1.Node, error) {
 		kind, state       string
 		labels            []byte
 		lastSeen, revoked *time.Time
+		cordoned          *time.Time
 		created           time.Time
 	)
 	if err := row.Scan(&n.Id, &kind, &n.SiteId, &labels, &n.PoolId, &state, &n.SessionEpoch, &n.GatewayId,
-		&n.DaemonVersion, &lastSeen, &created, &revoked); err != nil {
+		&n.DaemonVersion, &lastSeen, &created, &revoked, &cordoned); err != nil {
 		return nil, err
 	}
 	var err error
@@ -177,6 +178,7 @@ func scanNode(row pgx.Row) (*controlv1.Node, error) {
 	n.Kind = nodeKinds[kind]
 	n.State = nodeStates[state]
 	n.LastSeenAt, n.CreatedAt, n.RevokedAt = tsPtr(lastSeen), ts(created), tsPtr(revoked)
+	n.Cordoned, n.CordonedAt = cordoned != nil, tsPtr(cordoned)
 	return &n, nil
 }
 

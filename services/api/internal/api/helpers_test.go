@@ -192,7 +192,7 @@ func (b *bundle) rowCounts() map[string]int {
 	b.t.Helper()
 	out := map[string]int{}
 	for _, table := range []string{"nodes", "node_credentials", "node_sessions", "commands", "pools", "pool_leases",
-		"node_allocations", "sinks", "sink_cursors", "work_queue"} {
+		"node_allocations", "sinks", "sink_cursors", "work_queue", "audit_events"} {
 		out[table] = b.count("SELECT count(*) FROM " + table)
 	}
 	return out

@@ -84,13 +84,15 @@ func (h *Handler) RegisterNode(ctx context.Context, req *connect.Request[control
 		if _, err := tx.Exec(ctx, insertCredentialSQL, m.GetNodeId(), nodeauth.Hash(cred)); err != nil {
 			return err
 		}
-		node, err = scanNode(tx.QueryRow(ctx, getNodeSQL, m.GetNodeId()))
-		return err
+		if node, err = scanNode(tx.QueryRow(ctx, getNodeSQL, m.GetNodeId())); err != nil {
+			return err
+		}
+		return h.recordAudit(ctx, tx, auditEvent{Method: "RegisterNode", TargetKind: "node", TargetID: node.GetId(),
+			Detail: map[string]any{"kind": kind, "pool_id": m.GetPoolId()}})
 	})
 	if err != nil {
 		return nil, h.fail(ctx, "register node", err)
 	}
-	h.audit(ctx, "node registered", "node", node.GetId(), "kind", kind, "pool", m.GetPoolId())
 	return connect.NewResponse(&controlv1.RegisterNodeResponse{Node: node, Credential: cred}), nil
 }
 
@@ -103,32 +105,50 @@ func (h *Handler) RevokeNode(ctx context.Context, req *connect.Request[controlv1
 	}
 	var node *controlv1.Node
 	err := pgdb.InTx(ctx, h.db, func(tx pgx.Tx) error {
-		var state string
-		if err := tx.QueryRow(ctx, lockNodeForRevokeSQL, id).Scan(&state); errors.Is(err, pgx.ErrNoRows) {
-			return notFound("node_id", "node", id)
-		} else if err != nil {
+		state, err := lockNodeForRevoke(ctx, tx, id)
+		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, revokeCredentialsSQL, id); err != nil {
+		if err := revokeLocked(ctx, tx, id, state); err != nil {
 			return err
 		}
-		if state != "revoked" {
-			if _, err := tx.Exec(ctx, revokeNodeSQL, id); err != nil {
-				return err
-			}
-		}
-		if _, err := tx.Exec(ctx, closeRevokedSessionSQL, id); err != nil {
+		if node, err = scanNode(tx.QueryRow(ctx, getNodeSQL, id)); err != nil {
 			return err
 		}
-		var err error
-		node, err = scanNode(tx.QueryRow(ctx, getNodeSQL, id))
-		return err
+		return h.recordAudit(ctx, tx, auditEvent{Method: "RevokeNode", TargetKind: "node", TargetID: id,
+			Outcome: outcome(state != "revoked")})
 	})
 	if err != nil {
 		return nil, h.fail(ctx, "revoke node", err)
 	}
-	h.audit(ctx, "node revoked", "node", id)
 	return connect.NewResponse(&controlv1.RevokeNodeResponse{Node: node}), nil
+}
+
+// lockNodeForRevoke locks node id against every other change and returns
+// its state; a missing node is NOT_FOUND.
+func lockNodeForRevoke(ctx context.Context, tx pgx.Tx, id string) (string, error) {
+	var state string
+	if err := tx.QueryRow(ctx, lockNodeForRevokeSQL, id).Scan(&state); errors.Is(err, pgx.ErrNoRows) {
+		return "", notFound("node_id", "node", id)
+	} else if err != nil {
+		return "", err
+	}
+	return state, nil
+}
+
+// revokeLocked revokes every credential of node id, which tx has locked in
+// state, marks it revoked and closes its session.
+func revokeLocked(ctx context.Context, tx pgx.Tx, id, state string) error {
+	if _, err := tx.Exec(ctx, revokeCredentialsSQL, id); err != nil {
+		return err
+	}
+	if state != "revoked" {
+		if _, err := tx.Exec(ctx, revokeNodeSQL, id); err != nil {
+			return err
+		}
+	}
+	_, err := tx.Exec(ctx, closeRevokedSessionSQL, id)
+	return err
 }
 
 // GetNode returns one node.
@@ -164,7 +184,7 @@ func (h *Handler) ListNodes(ctx context.Context, req *connect.Request[controlv1.
 	if err != nil {
 		return nil, err
 	}
-	rows, err := h.db.Query(ctx, listNodesSQL, p.after.ID, dbName(nodeStates, m.GetState()), m.GetPoolId(), p.limit())
+	rows, err := h.db.Query(ctx, listNodesSQL, p.after.ID, dbName(nodeStates, m.GetState()), m.GetPoolId(), p.limit(), m.GetCordonedOnly())
 	if err != nil {
 		return nil, h.fail(ctx, "list nodes", err)
 	}

@@ -37,13 +37,14 @@ func (h *Handler) CreatePool(ctx context.Context, req *connect.Request[controlv1
 			return err
 		}
 		var err error
-		pool, err = scanPool(tx.QueryRow(ctx, getPoolSQL, m.GetPoolId()))
-		return err
+		if pool, err = scanPool(tx.QueryRow(ctx, getPoolSQL, m.GetPoolId())); err != nil {
+			return err
+		}
+		return h.recordAudit(ctx, tx, auditEvent{Method: "CreatePool", TargetKind: "pool", TargetID: pool.GetId()})
 	})
 	if err != nil {
 		return nil, h.fail(ctx, "create pool", err)
 	}
-	h.audit(ctx, "pool created", "pool", pool.GetId())
 	return connect.NewResponse(&controlv1.CreatePoolResponse{Pool: pool}), nil
 }
 
@@ -120,13 +121,15 @@ func (h *Handler) CreatePoolLease(ctx context.Context, req *connect.Request[cont
 			return fmt.Errorf("enqueue pool %s: %w", m.GetPoolId(), err)
 		}
 		var err error
-		lease, _, err = scanPoolLease(tx.QueryRow(ctx, getPoolLeaseSQL, id))
-		return err
+		if lease, _, err = scanPoolLease(tx.QueryRow(ctx, getPoolLeaseSQL, id)); err != nil {
+			return err
+		}
+		return h.recordAudit(ctx, tx, auditEvent{Method: "CreatePoolLease", TargetKind: "pool_lease", TargetID: id,
+			Detail: map[string]any{"pool_id": lease.GetPoolId(), "tenant": lease.GetTenant(), "count": lease.GetCount()}})
 	})
 	if err != nil {
 		return nil, h.fail(ctx, "create pool lease", err)
 	}
-	h.audit(ctx, "pool lease created", "pool_lease", lease.GetId(), "pool", lease.GetPoolId(), "tenant", lease.GetTenant(), "count", lease.GetCount())
 	return connect.NewResponse(&controlv1.CreatePoolLeaseResponse{PoolLease: lease}), nil
 }
 
@@ -189,10 +192,7 @@ func (h *Handler) ReleasePoolLease(ctx context.Context, req *connect.Request[con
 	if err := checkRE("pool_lease_id", id, idRE); err != nil {
 		return nil, err
 	}
-	var (
-		lease    *controlv1.PoolLease
-		released bool
-	)
+	var lease *controlv1.PoolLease
 	err := pgdb.InTx(ctx, h.db, func(tx pgx.Tx) error {
 		var pool, state string
 		if err := tx.QueryRow(ctx, lockPoolLeaseSQL, id).Scan(&pool, &state); errors.Is(err, pgx.ErrNoRows) {
@@ -210,17 +210,16 @@ func (h *Handler) ReleasePoolLease(ctx context.Context, req *connect.Request[con
 			if _, err := queue.Enqueue(ctx, tx, PlacerReconciler, pool, 0); err != nil {
 				return fmt.Errorf("enqueue pool %s: %w", pool, err)
 			}
-			released = true
 		}
 		var err error
-		lease, _, err = scanPoolLease(tx.QueryRow(ctx, getPoolLeaseSQL, id))
-		return err
+		if lease, _, err = scanPoolLease(tx.QueryRow(ctx, getPoolLeaseSQL, id)); err != nil {
+			return err
+		}
+		return h.recordAudit(ctx, tx, auditEvent{Method: "ReleasePoolLease", TargetKind: "pool_lease", TargetID: id,
+			Outcome: outcome(state != "released"), Detail: map[string]any{"pool_id": pool}})
 	})
 	if err != nil {
 		return nil, h.fail(ctx, "release pool lease", err)
-	}
-	if released {
-		h.audit(ctx, "pool lease released", "pool_lease", id, "pool", lease.GetPoolId())
 	}
 	return connect.NewResponse(&controlv1.ReleasePoolLeaseResponse{PoolLease: lease}), nil
 }

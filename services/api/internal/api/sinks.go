@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
+	"github.com/leasehold/leasehold/pkg/pgdb"
 )
 
 // CreateSink creates a webhook sink. Its secret is stored for signing and
@@ -29,14 +30,23 @@ func (h *Handler) CreateSink(ctx context.Context, req *connect.Request[controlv1
 	if err := checkSinkSecret("secret", m.GetSecret()); err != nil {
 		return nil, err
 	}
-	sink, err := scanSink(h.db.QueryRow(ctx, insertSinkSQL, m.GetSinkId(), "webhook", m.GetUrl(), m.GetSecret()))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("sink_id: sink %q already exists", m.GetSinkId()))
-	}
+	var sink *controlv1.Sink
+	err := pgdb.InTx(ctx, h.db, func(tx pgx.Tx) error {
+		var err error
+		sink, err = scanSink(tx.QueryRow(ctx, insertSinkSQL, m.GetSinkId(), "webhook", m.GetUrl(), m.GetSecret()))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("sink_id: sink %q already exists", m.GetSinkId()))
+		}
+		if err != nil {
+			return err
+		}
+		// The URL is shown to every viewer already; the secret never.
+		return h.recordAudit(ctx, tx, auditEvent{Method: "CreateSink", TargetKind: "sink", TargetID: sink.GetId(),
+			Detail: map[string]any{"url": m.GetUrl()}})
+	})
 	if err != nil {
 		return nil, h.fail(ctx, "create sink", err)
 	}
-	h.audit(ctx, "sink created", "sink", sink.GetId())
 	return connect.NewResponse(&controlv1.CreateSinkResponse{Sink: sink}), nil
 }
 
@@ -67,13 +77,18 @@ func (h *Handler) DeleteSink(ctx context.Context, req *connect.Request[controlv1
 	if err := checkRE("sink_id", id, sinkIDRE); err != nil {
 		return nil, err
 	}
-	var n int64
-	if err := h.db.QueryRow(ctx, deleteSinkSQL, id).Scan(&n); err != nil {
+	err := pgdb.InTx(ctx, h.db, func(tx pgx.Tx) error {
+		var n int64
+		if err := tx.QueryRow(ctx, deleteSinkSQL, id).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			return notFound("sink_id", "sink", id)
+		}
+		return h.recordAudit(ctx, tx, auditEvent{Method: "DeleteSink", TargetKind: "sink", TargetID: id})
+	})
+	if err != nil {
 		return nil, h.fail(ctx, "delete sink", err)
 	}
-	if n == 0 {
-		return nil, notFound("sink_id", "sink", id)
-	}
-	h.audit(ctx, "sink deleted", "sink", id)
 	return connect.NewResponse(&controlv1.DeleteSinkResponse{}), nil
 }

@@ -12,13 +12,14 @@ SELECT n.id, n.kind, coalesce(n.site_id, ''),
        coalesce(n.pool_id, ''), n.state, coalesce(s.session_epoch, 0),
        CASE WHEN s.state = 'connected' THEN s.gateway_id ELSE '' END,
        n.daemon_version, s.last_seen_at, n.created_at,
-       CASE WHEN n.state = 'revoked' THEN n.updated_at END
+       CASE WHEN n.state = 'revoked' THEN n.updated_at END, n.cordoned_at
   FROM nodes n LEFT JOIN node_sessions s ON s.node_id = n.id`
 
 const getNodeSQL = nodeSelect + ` WHERE n.id = $1`
 
 const listNodesSQL = nodeSelect + `
  WHERE n.id > $1 AND ($2 = '' OR n.state = $2) AND ($3 = '' OR n.pool_id = $3)
+   AND (NOT $5 OR n.cordoned_at IS NOT NULL)
  ORDER BY n.id LIMIT $4`
 
 // lockPoolSQL checks that a pool exists and keeps it from being deleted
@@ -173,3 +174,20 @@ SELECT coalesce(g.id, s.id), coalesce(g.epoch, 0), g.expires_at, coalesce(g.live
   FROM g FULL JOIN s ON s.id = g.id
  WHERE g.id IS NOT NULL OR s.sessions > 0
  ORDER BY 1 LIMIT 10000`
+
+// lockNodeForCordonSQL takes the row lock the placer takes on a candidate
+// (FOR NO KEY UPDATE): a cordon waits for a placement of the node in
+// flight and a placement skips a node being cordoned.
+const lockNodeForCordonSQL = `SELECT cordoned_at IS NOT NULL FROM nodes WHERE id = $1 FOR NO KEY UPDATE`
+
+const cordonNodeSQL = `UPDATE nodes SET cordoned_at = compute_now() WHERE id = $1 AND cordoned_at IS NULL`
+
+const uncordonNodeSQL = `UPDATE nodes SET cordoned_at = NULL WHERE id = $1 AND cordoned_at IS NOT NULL`
+
+// nodeWorkSQL lists what keeps a node from being drained: its dispatched
+// and running commands and the pool leases it is allocated to.
+const nodeWorkSQL = `
+SELECT coalesce((SELECT array_agg(id ORDER BY id) FROM (
+          SELECT id FROM commands WHERE node_id = $1 AND state IN ('dispatched', 'acknowledged')
+           ORDER BY id LIMIT 1000) c), '{}'),
+       coalesce((SELECT array_agg(pool_lease_id ORDER BY pool_lease_id) FROM node_allocations WHERE node_id = $1), '{}')`

@@ -42,6 +42,9 @@ type Config struct {
 	// TLSExpiryWarn and TLSExpiryCritical are how close to its NotAfter a
 	// certificate makes tls.expiry warn and critical.
 	TLSExpiryWarn, TLSExpiryCritical time.Duration
+	// MinDaemonVersion is the gateways' --gateway.min-daemon-version:
+	// nodes.versions warns about nodes below it ("" lists versions only).
+	MinDaemonVersion string
 }
 
 // RegisterFlags registers the doctor's flags on f, each name under prefix, with their defaults.
@@ -63,6 +66,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.DurationVar(&c.CheckTimeout, prefix+"check-timeout", 10*time.Second, "statement timeout of each check")
 	f.Var(&c.TLSCertFiles, prefix+"tls-cert-files", "comma-separated PEM files (serving certificates, client CA bundles) whose expiry tls.expiry checks")
 	f.DurationVar(&c.TLSExpiryWarn, prefix+"tls-expiry-warn", 14*24*time.Hour, "a certificate expiring within this makes tls.expiry warn")
+	f.StringVar(&c.MinDaemonVersion, prefix+"min-daemon-version", "", "the gateways' --gateway.min-daemon-version: nodes.versions warns about nodes below it (empty: list versions only)")
 	f.DurationVar(&c.TLSExpiryCritical, prefix+"tls-expiry-critical", 3*24*time.Hour, "a certificate expiring within this makes tls.expiry critical")
 }
 
@@ -92,6 +96,9 @@ func (c *Config) Validate() error {
 	positive("tls-expiry-critical", c.TLSExpiryCritical)
 	if c.TLSExpiryWarn < c.TLSExpiryCritical {
 		errs = append(errs, fmt.Errorf("--tls-expiry-warn %s must not be shorter than --tls-expiry-critical %s", c.TLSExpiryWarn, c.TLSExpiryCritical))
+	}
+	if c.MinDaemonVersion != "" && release(c.MinDaemonVersion) == "" {
+		errs = append(errs, fmt.Errorf("--min-daemon-version %q is not a semantic version (vMAJOR[.MINOR[.PATCH]])", c.MinDaemonVersion))
 	}
 	if c.SweeperJob == "" {
 		errs = append(errs, errors.New("--sweeper-job must not be empty"))

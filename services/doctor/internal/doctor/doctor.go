@@ -59,6 +59,7 @@ var checks = map[string]checkFunc{
 	CodeGatewaysHeadroom:  checkHeadroom,
 	CodeNodesUnreachable:  checkNodesUnreachable,
 	CodeNodesDisconnected: checkNodesDisconnected,
+	CodeNodesVersions:     checkNodesVersions,
 	CodeSitesBoot:         checkSitesBoot,
 	CodeDBVersion:         checkVersion,
 	CodeDBMigrations:      checkMigrations,

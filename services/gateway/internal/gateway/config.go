@@ -69,6 +69,11 @@ type Config struct {
 	// DrainMaxDelay bounds the random Drain delay sent on SIGTERM; the
 	// gateway waits at most DrainMaxDelay plus DrainGrace for streams to go.
 	DrainMaxDelay, DrainGrace time.Duration
+
+	// MinDaemonVersion, when set, refuses a Hello whose daemon_version is
+	// older (semver, MAJOR.MINOR.PATCH), missing or not semantic, with
+	// FAILED_PRECONDITION and a 5-10 min retry-after.
+	MinDaemonVersion string
 }
 
 // RegisterFlags registers the gateway flags on f, each name under prefix, with their defaults.
@@ -96,6 +101,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.DurationVar(&c.HelloTimeout, prefix+"gateway.hello-timeout", 10*time.Second, "close a stream whose Hello has not arrived within this long")
 	f.StringVar(&c.HTTP2Server, prefix+"gateway.http2-server", HTTP2Lean, "HTTP/2 server of node streams: lean (internal/h2serve, least memory per session) or std (net/http)")
 	f.DurationVar(&c.DrainGrace, prefix+"gateway.drain-grace", 5*time.Second, "extra wait after the drain delay before closing the remaining streams")
+	f.StringVar(&c.MinDaemonVersion, prefix+"gateway.min-daemon-version", "", "refuse daemons older than this semantic version (e.g. v1.4.0), and those reporting none, with FAILED_PRECONDITION and a 5-10 min retry-after; empty accepts every version")
 }
 
 // Values of --gateway.http2-server.
@@ -152,6 +158,9 @@ func (c *Config) Validate() error {
 	}
 	if c.HeartbeatInterval > 0 && 3*c.HeartbeatInterval >= c.SessionLease {
 		errs = append(errs, fmt.Errorf("--gateway.heartbeat-interval %s times 3 must be less than --gateway.session-lease %s", c.HeartbeatInterval, c.SessionLease))
+	}
+	if c.MinDaemonVersion != "" && releaseOf(c.MinDaemonVersion) == "" {
+		errs = append(errs, fmt.Errorf("--gateway.min-daemon-version %q is not a semantic version (vMAJOR[.MINOR[.PATCH]])", c.MinDaemonVersion))
 	}
 	if c.MaxStreams < 1 {
 		errs = append(errs, fmt.Errorf("--gateway.max-streams %d must be at least 1", c.MaxStreams))

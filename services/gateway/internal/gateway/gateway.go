@@ -83,6 +83,9 @@ type Gateway struct {
 	keeper    *coord.Keeper
 	limiter   *rate.Limiter
 	checker   *grpchealth.StaticChecker
+	// minDaemonVersion is --gateway.min-daemon-version as a canonical
+	// release ("v1.2.3"), or "" to accept every version.
+	minDaemonVersion string
 
 	ln  net.Listener
 	srv nodeServer
@@ -147,7 +150,8 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 		sessions:      map[string]*session{},
 		fencedCh:      make(chan struct{}),
 		dispatchWaker: newNodeWaker(), specWaker: newNodeWaker(), ingest: newIngester(),
-		tracer: tracing.TracerProvider(deps.Tracer).Tracer(tracerName),
+		tracer:           tracing.TracerProvider(deps.Tracer).Tracer(tracerName),
+		minDaemonVersion: releaseOf(cfg.MinDaemonVersion),
 	}
 	g.keeper, err = coord.NewKeeper(client, coord.KeeperConfig{
 		Name: name, TTL: cfg.LeaseTTL, Renew: cfg.LeaseRenew, Trust: cfg.LeaseTTL / 2,

@@ -140,6 +140,12 @@ func (g *Gateway) Connect(ctx context.Context, stream *connect.BidiStream[nodev1
 			return err
 		}
 	}
+	// Before the admission token too: the check is free, and an old
+	// fleet's dials should not use up the Hello rate of current daemons.
+	if why := versionRefusal(hello.GetDaemonVersion(), g.minDaemonVersion); why != "" {
+		g.log.Info("hello refused: daemon version", "node", hello.GetNodeId(), "daemon_version", hello.GetDaemonVersion(), "min", g.minDaemonVersion)
+		return g.refuse(stream, "daemon-version", versionRetryAfter(), connect.CodeFailedPrecondition, why)
+	}
 	if !g.limiter.AllowN(g.clock.Now(), 1) {
 		return g.pushback(stream, "hello-rate", g.rateRetryAfter(), connect.CodeResourceExhausted)
 	}
@@ -177,12 +183,18 @@ func receiveError(err error) error {
 // pushback refuses a dial: it sends Pushback{retry_after} and closes the
 // stream with code.
 func (g *Gateway) pushback(stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse], reason string, retryAfter time.Duration, code connect.Code) error {
+	return g.refuse(stream, reason, retryAfter, code, "admission refused ("+reason+")")
+}
+
+// refuse sends Pushback{retry_after, reason} and closes the stream with
+// code and msg, which the retry-after is appended to.
+func (g *Gateway) refuse(stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse], reason string, retryAfter time.Duration, code connect.Code, msg string) error {
 	g.m.hellos.WithLabelValues("pushback").Inc()
 	g.m.pushbacks.WithLabelValues(reason).Inc()
 	_ = stream.Send(&nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Pushback{Pushback: &nodev1.Pushback{
 		RetryAfter: durationpb.New(retryAfter), Reason: reason,
 	}}})
-	return connect.NewError(code, fmt.Errorf("admission refused (%s): retry after %s", reason, retryAfter.Round(time.Millisecond)))
+	return connect.NewError(code, fmt.Errorf("%s: retry after %s", msg, retryAfter.Round(time.Millisecond)))
 }
 
 // rateRetryAfter hands each dial refused by the token bucket its own slot

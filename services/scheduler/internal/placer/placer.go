@@ -14,6 +14,17 @@
 // and the labels set at registration (its spec). Candidates are locked FOR
 // NO KEY UPDATE, which does not conflict with the key-share locks that
 // inserts referencing a busy node take (commands, results, events).
+//
+// A cordoned node (nodes.cordoned_at set by the api's CordonNode, DrainNode
+// and DecommissionNode) is never a candidate. The test is in the statement
+// that locks the candidates, and a cordon updates the node row, which takes
+// a conflicting lock: a node being cordoned is skipped (SKIP LOCKED), one
+// cordoned after the statement's snapshot is re-checked on its newest
+// version when locked (PostgreSQL re-evaluates the WHERE of a locking read
+// on a row changed since the snapshot), and a cordon of a node this placer
+// has locked waits until the placement commits, so once CordonNode has
+// returned no placement of the node can still commit and a drain sees
+// every allocation.
 package placer
 
 import (
@@ -116,7 +127,7 @@ SELECT id, count, selector FROM pool_leases
 		if need := pl.count - have; need > 0 {
 			rows, err := tx.Query(ctx, `
 SELECT n.id FROM nodes n
- WHERE n.pool_id = $1 AND n.state = 'connected'
+ WHERE n.pool_id = $1 AND n.state = 'connected' AND n.cordoned_at IS NULL
    AND (n.labels || coalesce(n.spec -> 'labels', '{}'::jsonb)) @> $2::jsonb
    AND NOT EXISTS (SELECT 1 FROM node_allocations a WHERE a.node_id = n.id)
  ORDER BY n.id

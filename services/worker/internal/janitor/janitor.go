@@ -1,6 +1,7 @@
 // Package janitor is a periodic singleton that deletes what has aged out:
 // workers rows silent for long, finished commands and their results, and
-// node events past retention that every sink has delivered. Each table is
+// node events past retention that every sink has delivered, and audit events
+// past the audit retention. Each table is
 // trimmed in bounded batches so one run never holds a long transaction.
 package janitor
 
@@ -27,6 +28,8 @@ type Config struct {
 	// EventRetention keeps node events this long (7 d) — longer when a sink
 	// has not delivered them yet.
 	EventRetention time.Duration
+	// AuditRetention keeps audit_events rows this long (90 d).
+	AuditRetention time.Duration
 	// Batch bounds the rows deleted per table per run.
 	Batch int
 }
@@ -34,7 +37,7 @@ type Config struct {
 // DefaultConfig is the default.
 func DefaultConfig() Config {
 	return Config{Every: time.Minute, WorkersAfter: 10 * time.Minute, CommandRetention: 7 * 24 * time.Hour,
-		EventRetention: 7 * 24 * time.Hour, Batch: 5000}
+		EventRetention: 7 * 24 * time.Hour, AuditRetention: 90 * 24 * time.Hour, Batch: 5000}
 }
 
 // RegisterFlags registers the flags under prefix.
@@ -43,6 +46,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.DurationVar(&c.WorkersAfter, prefix+"workers-after", c.WorkersAfter, "delete workers rows silent this long")
 	f.DurationVar(&c.CommandRetention, prefix+"command-retention", c.CommandRetention, "keep finished commands and their results this long")
 	f.DurationVar(&c.EventRetention, prefix+"event-retention", c.EventRetention, "keep node events this long (undelivered ones are kept)")
+	f.DurationVar(&c.AuditRetention, prefix+"audit-retention", c.AuditRetention, "keep audit events this long")
 	f.IntVar(&c.Batch, prefix+"batch", c.Batch, "rows deleted per table per run")
 }
 
@@ -52,11 +56,14 @@ func (c Config) Validate() error {
 		return fmt.Errorf("janitor: interval %s >= 1s, workers-after %s, command-retention %s and event-retention %s >= 1m, batch %d >= 1",
 			c.Every, c.WorkersAfter, c.CommandRetention, c.EventRetention, c.Batch)
 	}
+	if c.AuditRetention < time.Hour {
+		return fmt.Errorf("janitor: audit-retention %s must be >= 1h", c.AuditRetention)
+	}
 	return nil
 }
 
 // Counts is what one run deleted.
-type Counts struct{ Workers, Commands, Events int64 }
+type Counts struct{ Workers, Commands, Events, Audit int64 }
 
 // Run trims every table once in tx.
 func Run(ctx context.Context, tx pgx.Tx, cfg Config) (Counts, error) {
@@ -90,6 +97,17 @@ DELETE FROM node_events WHERE (node_id, id) IN (
 		return c, fmt.Errorf("delete old events: %w", err)
 	}
 	c.Events = tag.RowsAffected()
+	// The oldest audit events first, through the index on at.
+	tag, err = tx.Exec(ctx, `
+DELETE FROM audit_events WHERE id IN (
+  SELECT id FROM audit_events
+   WHERE at < compute_now() - make_interval(secs => $1::float8)
+   ORDER BY at
+   LIMIT $2)`, cfg.AuditRetention.Seconds(), cfg.Batch)
+	if err != nil {
+		return c, fmt.Errorf("delete old audit events: %w", err)
+	}
+	c.Audit = tag.RowsAffected()
 	return c, nil
 }
 
@@ -105,6 +123,7 @@ func Register(rt *reconcile.Runtime, cfg Config, reg prometheus.Registerer) erro
 		deleted.WithLabelValues("workers").Add(float64(c.Workers))
 		deleted.WithLabelValues("commands").Add(float64(c.Commands))
 		deleted.WithLabelValues("node_events").Add(float64(c.Events))
+		deleted.WithLabelValues("audit_events").Add(float64(c.Audit))
 		return err
 	})
 }

@@ -3,6 +3,7 @@ package janitor_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -57,4 +58,48 @@ INSERT INTO sink_cursors (sink_id, cursor_txid, cursor)
 	require.Equal(t, []string{"new-done", "old-pending"}, ids("SELECT id FROM commands ORDER BY id"))
 	require.Empty(t, ids("SELECT id FROM command_results"), "results went with their command")
 	require.Equal(t, []string{"e-new", "e-old-2"}, ids("SELECT id FROM node_events ORDER BY id"), "an undelivered event is kept past retention")
+}
+
+// TestJanitorTrimsAuditEventsPastRetentionInBatches: rows older than the
+// audit retention go, the oldest first and at most a batch per run; newer
+// rows stay.
+func TestJanitorTrimsAuditEventsPastRetentionInBatches(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `
+INSERT INTO audit_events (actor, role, method, target_kind, target_id, outcome, at)
+SELECT 'a', 'admin', 'CreatePool', 'pool', 'old-' || i, 'ok', compute_now() - interval '91 days' - make_interval(mins => i)
+  FROM generate_series(1, 5) i;
+INSERT INTO audit_events (actor, role, method, target_kind, target_id, outcome, at) VALUES
+  ('a', 'admin', 'CreatePool', 'pool', 'recent', 'ok', compute_now() - interval '89 days'),
+  ('a', 'admin', 'CreatePool', 'pool', 'now', 'ok', compute_now())`)
+	require.NoError(t, err)
+	cfg := janitor.DefaultConfig()
+	cfg.Batch = 2
+	run := func() janitor.Counts {
+		var c janitor.Counts
+		require.NoError(t, pgdb.InTx(ctx, db, func(tx pgx.Tx) error {
+			var err error
+			c, err = janitor.Run(ctx, tx, cfg)
+			return err
+		}))
+		return c
+	}
+	targets := func() []string {
+		rows, err := db.Query(ctx, `SELECT target_id FROM audit_events ORDER BY target_id`)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return out
+	}
+	require.EqualValues(t, 2, run().Audit)
+	require.Equal(t, []string{"now", "old-1", "old-2", "old-3", "recent"}, targets(), "the two oldest went first")
+	require.EqualValues(t, 2, run().Audit)
+	require.EqualValues(t, 1, run().Audit)
+	require.Zero(t, run().Audit)
+	require.Equal(t, []string{"now", "recent"}, targets())
+
+	cfg.AuditRetention = time.Minute
+	require.Error(t, cfg.Validate())
 }

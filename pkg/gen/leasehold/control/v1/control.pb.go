@@ -16,6 +16,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -305,7 +306,12 @@ type Node struct {
 	// created_at is when the node was registered.
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// revoked_at is when the node was revoked; unset unless revoked.
-	RevokedAt     *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=revoked_at,json=revokedAt,proto3" json:"revoked_at,omitempty"`
+	RevokedAt *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=revoked_at,json=revokedAt,proto3" json:"revoked_at,omitempty"`
+	// cordoned says the node is cordoned: the placer allocates it to no new
+	// pool lease (CordonNode, DrainNode, DecommissionNode).
+	Cordoned bool `protobuf:"varint,20,opt,name=cordoned,proto3" json:"cordoned,omitempty"`
+	// cordoned_at is when the node was cordoned; unset unless cordoned.
+	CordonedAt    *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=cordoned_at,json=cordonedAt,proto3" json:"cordoned_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -420,6 +426,20 @@ func (x *Node) GetCreatedAt() *timestamppb.Timestamp {
 func (x *Node) GetRevokedAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.RevokedAt
+	}
+	return nil
+}
+
+func (x *Node) GetCordoned() bool {
+	if x != nil {
+		return x.Cordoned
+	}
+	return false
+}
+
+func (x *Node) GetCordonedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CordonedAt
 	}
 	return nil
 }
@@ -1537,7 +1557,9 @@ type ListNodesRequest struct {
 	// state returns only nodes in this state; unspecified returns every state.
 	State NodeState `protobuf:"varint,3,opt,name=state,proto3,enum=leasehold.control.v1.NodeState" json:"state,omitempty"`
 	// pool_id returns only nodes of this pool; empty returns every pool.
-	PoolId        string `protobuf:"bytes,4,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	PoolId string `protobuf:"bytes,4,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	// cordoned_only returns only cordoned nodes.
+	CordonedOnly  bool `protobuf:"varint,5,opt,name=cordoned_only,json=cordonedOnly,proto3" json:"cordoned_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1598,6 +1620,13 @@ func (x *ListNodesRequest) GetPoolId() string {
 		return x.PoolId
 	}
 	return ""
+}
+
+func (x *ListNodesRequest) GetCordonedOnly() bool {
+	if x != nil {
+		return x.CordonedOnly
+	}
+	return false
 }
 
 // ListNodesResponse is the response of ListNodes.
@@ -3608,11 +3637,769 @@ func (x *ListGatewaysResponse) GetGateways() []*Gateway {
 	return nil
 }
 
+// CordonNodeRequest is the request of CordonNode.
+type CordonNodeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node_id is the node to cordon.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// reason is recorded in the audit trail; at most 200 characters.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CordonNodeRequest) Reset() {
+	*x = CordonNodeRequest{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CordonNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CordonNodeRequest) ProtoMessage() {}
+
+func (x *CordonNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CordonNodeRequest.ProtoReflect.Descriptor instead.
+func (*CordonNodeRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *CordonNodeRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *CordonNodeRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// CordonNodeResponse is the response of CordonNode.
+type CordonNodeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node is the node, cordoned.
+	Node          *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CordonNodeResponse) Reset() {
+	*x = CordonNodeResponse{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CordonNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CordonNodeResponse) ProtoMessage() {}
+
+func (x *CordonNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CordonNodeResponse.ProtoReflect.Descriptor instead.
+func (*CordonNodeResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *CordonNodeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+// UncordonNodeRequest is the request of UncordonNode.
+type UncordonNodeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node_id is the node to uncordon.
+	NodeId        string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UncordonNodeRequest) Reset() {
+	*x = UncordonNodeRequest{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UncordonNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UncordonNodeRequest) ProtoMessage() {}
+
+func (x *UncordonNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UncordonNodeRequest.ProtoReflect.Descriptor instead.
+func (*UncordonNodeRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *UncordonNodeRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+// UncordonNodeResponse is the response of UncordonNode.
+type UncordonNodeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node is the node, no longer cordoned.
+	Node          *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UncordonNodeResponse) Reset() {
+	*x = UncordonNodeResponse{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UncordonNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UncordonNodeResponse) ProtoMessage() {}
+
+func (x *UncordonNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UncordonNodeResponse.ProtoReflect.Descriptor instead.
+func (*UncordonNodeResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *UncordonNodeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+// DrainNodeRequest is the request of DrainNode.
+type DrainNodeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node_id is the node to drain.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// timeout is how long to wait for the node's work to end, 0..60s; unset or
+	// zero cordons and reports at once. The wait also ends before the caller's
+	// own deadline.
+	Timeout *durationpb.Duration `protobuf:"bytes,2,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// reason is recorded in the audit trail; at most 200 characters.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainNodeRequest) Reset() {
+	*x = DrainNodeRequest{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainNodeRequest) ProtoMessage() {}
+
+func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
+func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *DrainNodeRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *DrainNodeRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *DrainNodeRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// DrainNodeResponse is the response of DrainNode.
+type DrainNodeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node is the node, cordoned.
+	Node *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// drained is true when nothing runs on the node any more: no dispatched or
+	// running command and no pool allocation.
+	Drained bool `protobuf:"varint,2,opt,name=drained,proto3" json:"drained,omitempty"`
+	// running_command_ids are the node's commands still dispatched or running
+	// when the wait ended.
+	RunningCommandIds []string `protobuf:"bytes,3,rep,name=running_command_ids,json=runningCommandIds,proto3" json:"running_command_ids,omitempty"`
+	// pool_lease_ids are the pool leases still holding the node when the wait
+	// ended.
+	PoolLeaseIds  []string `protobuf:"bytes,4,rep,name=pool_lease_ids,json=poolLeaseIds,proto3" json:"pool_lease_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainNodeResponse) Reset() {
+	*x = DrainNodeResponse{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainNodeResponse) ProtoMessage() {}
+
+func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
+func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *DrainNodeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+func (x *DrainNodeResponse) GetDrained() bool {
+	if x != nil {
+		return x.Drained
+	}
+	return false
+}
+
+func (x *DrainNodeResponse) GetRunningCommandIds() []string {
+	if x != nil {
+		return x.RunningCommandIds
+	}
+	return nil
+}
+
+func (x *DrainNodeResponse) GetPoolLeaseIds() []string {
+	if x != nil {
+		return x.PoolLeaseIds
+	}
+	return nil
+}
+
+// DecommissionNodeRequest is the request of DecommissionNode.
+type DecommissionNodeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node_id is the node to decommission.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// timeout bounds the drain as DrainNodeRequest.timeout does.
+	Timeout *durationpb.Duration `protobuf:"bytes,2,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// reason is recorded in the audit trail; at most 200 characters.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecommissionNodeRequest) Reset() {
+	*x = DecommissionNodeRequest{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecommissionNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecommissionNodeRequest) ProtoMessage() {}
+
+func (x *DecommissionNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecommissionNodeRequest.ProtoReflect.Descriptor instead.
+func (*DecommissionNodeRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *DecommissionNodeRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *DecommissionNodeRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *DecommissionNodeRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// DecommissionNodeResponse is the response of DecommissionNode.
+type DecommissionNodeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node is the node: revoked when decommissioned, else cordoned.
+	Node *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// decommissioned is true when the node drained and its credential was
+	// revoked; false leaves it cordoned with the work below still on it.
+	Decommissioned bool `protobuf:"varint,2,opt,name=decommissioned,proto3" json:"decommissioned,omitempty"`
+	// running_command_ids are as in DrainNodeResponse.
+	RunningCommandIds []string `protobuf:"bytes,3,rep,name=running_command_ids,json=runningCommandIds,proto3" json:"running_command_ids,omitempty"`
+	// pool_lease_ids are as in DrainNodeResponse.
+	PoolLeaseIds  []string `protobuf:"bytes,4,rep,name=pool_lease_ids,json=poolLeaseIds,proto3" json:"pool_lease_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecommissionNodeResponse) Reset() {
+	*x = DecommissionNodeResponse{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecommissionNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecommissionNodeResponse) ProtoMessage() {}
+
+func (x *DecommissionNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecommissionNodeResponse.ProtoReflect.Descriptor instead.
+func (*DecommissionNodeResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *DecommissionNodeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+func (x *DecommissionNodeResponse) GetDecommissioned() bool {
+	if x != nil {
+		return x.Decommissioned
+	}
+	return false
+}
+
+func (x *DecommissionNodeResponse) GetRunningCommandIds() []string {
+	if x != nil {
+		return x.RunningCommandIds
+	}
+	return nil
+}
+
+func (x *DecommissionNodeResponse) GetPoolLeaseIds() []string {
+	if x != nil {
+		return x.PoolLeaseIds
+	}
+	return nil
+}
+
+// AuditEvent is one row of the audit trail: a mutating ControlService call
+// or a tunnel open or close, written in the transaction of its change.
+type AuditEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id orders events: a larger id was written later.
+	Id int64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// at is the database time of the change.
+	At *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=at,proto3" json:"at,omitempty"`
+	// actor names the caller's token (never the token itself).
+	Actor string `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
+	// role is the caller's role.
+	Role string `protobuf:"bytes,4,opt,name=role,proto3" json:"role,omitempty"`
+	// method is the ControlService method, or "tunnel.open" / "tunnel.close".
+	Method string `protobuf:"bytes,5,opt,name=method,proto3" json:"method,omitempty"`
+	// target_kind is what was changed: node, command, pool, pool_lease, sink.
+	TargetKind string `protobuf:"bytes,6,opt,name=target_kind,json=targetKind,proto3" json:"target_kind,omitempty"`
+	// target_id is the id of what was changed.
+	TargetId string `protobuf:"bytes,7,opt,name=target_id,json=targetId,proto3" json:"target_id,omitempty"`
+	// outcome is "ok", or "unchanged" when the call found nothing to change.
+	Outcome string `protobuf:"bytes,8,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// detail holds small, non-secret facts about the change.
+	Detail        *structpb.Struct `protobuf:"bytes,9,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditEvent) Reset() {
+	*x = AuditEvent{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditEvent) ProtoMessage() {}
+
+func (x *AuditEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditEvent.ProtoReflect.Descriptor instead.
+func (*AuditEvent) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *AuditEvent) GetId() int64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *AuditEvent) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *AuditEvent) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *AuditEvent) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *AuditEvent) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *AuditEvent) GetTargetKind() string {
+	if x != nil {
+		return x.TargetKind
+	}
+	return ""
+}
+
+func (x *AuditEvent) GetTargetId() string {
+	if x != nil {
+		return x.TargetId
+	}
+	return ""
+}
+
+func (x *AuditEvent) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *AuditEvent) GetDetail() *structpb.Struct {
+	if x != nil {
+		return x.Detail
+	}
+	return nil
+}
+
+// ListAuditEventsRequest is the request of ListAuditEvents. Filters combine
+// with AND.
+type ListAuditEventsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// page_size is the largest number of events to return; 0 means the
+	// server's default, and the server caps it.
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// page_token is the next_page_token of the previous page; empty for the first.
+	PageToken string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// actor returns only events of this caller.
+	Actor string `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
+	// method returns only events of this method.
+	Method string `protobuf:"bytes,4,opt,name=method,proto3" json:"method,omitempty"`
+	// target_kind returns only events about this kind of target.
+	TargetKind string `protobuf:"bytes,5,opt,name=target_kind,json=targetKind,proto3" json:"target_kind,omitempty"`
+	// target_id returns only events about this target; it needs target_kind.
+	TargetId string `protobuf:"bytes,6,opt,name=target_id,json=targetId,proto3" json:"target_id,omitempty"`
+	// since returns only events at or after this time.
+	Since *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=since,proto3" json:"since,omitempty"`
+	// until returns only events before this time.
+	Until         *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=until,proto3" json:"until,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAuditEventsRequest) Reset() {
+	*x = ListAuditEventsRequest{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAuditEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAuditEventsRequest) ProtoMessage() {}
+
+func (x *ListAuditEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAuditEventsRequest.ProtoReflect.Descriptor instead.
+func (*ListAuditEventsRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *ListAuditEventsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListAuditEventsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListAuditEventsRequest) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *ListAuditEventsRequest) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *ListAuditEventsRequest) GetTargetKind() string {
+	if x != nil {
+		return x.TargetKind
+	}
+	return ""
+}
+
+func (x *ListAuditEventsRequest) GetTargetId() string {
+	if x != nil {
+		return x.TargetId
+	}
+	return ""
+}
+
+func (x *ListAuditEventsRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *ListAuditEventsRequest) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+// ListAuditEventsResponse is the response of ListAuditEvents.
+type ListAuditEventsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// events are the events of this page, newest first.
+	Events []*AuditEvent `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// next_page_token fetches the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAuditEventsResponse) Reset() {
+	*x = ListAuditEventsResponse{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAuditEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAuditEventsResponse) ProtoMessage() {}
+
+func (x *ListAuditEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAuditEventsResponse.ProtoReflect.Descriptor instead.
+func (*ListAuditEventsResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *ListAuditEventsResponse) GetEvents() []*AuditEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *ListAuditEventsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 var File_leasehold_control_v1_control_proto protoreflect.FileDescriptor
 
 const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\n" +
-	"\"leasehold/control/v1/control.proto\x12\x14leasehold.control.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cleasehold/node/v1/node.proto\"\xca\x04\n" +
+	"\"leasehold/control/v1/control.proto\x12\x14leasehold.control.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cleasehold/node/v1/node.proto\"\xa3\x05\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12/\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x1b.leasehold.node.v1.NodeKindR\x04kind\x12\x17\n" +
@@ -3630,7 +4417,10 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
-	"revoked_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\trevokedAt\x1a9\n" +
+	"revoked_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\trevokedAt\x12\x1a\n" +
+	"\bcordoned\x18\x14 \x01(\bR\bcordoned\x12;\n" +
+	"\vcordoned_at\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"cordonedAt\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x98\x03\n" +
@@ -3740,13 +4530,14 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\x0eGetNodeRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"A\n" +
 	"\x0fGetNodeResponse\x12.\n" +
-	"\x04node\x18\x01 \x01(\v2\x1a.leasehold.control.v1.NodeR\x04node\"\x9e\x01\n" +
+	"\x04node\x18\x01 \x01(\v2\x1a.leasehold.control.v1.NodeR\x04node\"\xc3\x01\n" +
 	"\x10ListNodesRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\x125\n" +
 	"\x05state\x18\x03 \x01(\x0e2\x1f.leasehold.control.v1.NodeStateR\x05state\x12\x17\n" +
-	"\apool_id\x18\x04 \x01(\tR\x06poolId\"m\n" +
+	"\apool_id\x18\x04 \x01(\tR\x06poolId\x12#\n" +
+	"\rcordoned_only\x18\x05 \x01(\bR\fcordonedOnly\"m\n" +
 	"\x11ListNodesResponse\x120\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x1a.leasehold.control.v1.NodeR\x05nodes\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x81\x02\n" +
@@ -3868,7 +4659,60 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\aworkers\x18\x01 \x03(\v2\x1c.leasehold.control.v1.WorkerR\aworkers\"\x15\n" +
 	"\x13ListGatewaysRequest\"Q\n" +
 	"\x14ListGatewaysResponse\x129\n" +
-	"\bgateways\x18\x01 \x03(\v2\x1d.leasehold.control.v1.GatewayR\bgateways*\xad\x01\n" +
+	"\bgateways\x18\x01 \x03(\v2\x1d.leasehold.control.v1.GatewayR\bgateways\"D\n" +
+	"\x11CordonNodeRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"D\n" +
+	"\x12CordonNodeResponse\x12.\n" +
+	"\x04node\x18\x01 \x01(\v2\x1a.leasehold.control.v1.NodeR\x04node\".\n" +
+	"\x13UncordonNodeRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"F\n" +
+	"\x14UncordonNodeResponse\x12.\n" +
+	"\x04node\x18\x01 \x01(\v2\x1a.leasehold.control.v1.NodeR\x04node\"x\n" +
+	"\x10DrainNodeRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x123\n" +
+	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xb3\x01\n" +
+	"\x11DrainNodeResponse\x12.\n" +
+	"\x04node\x18\x01 \x01(\v2\x1a.leasehold.control.v1.NodeR\x04node\x12\x18\n" +
+	"\adrained\x18\x02 \x01(\bR\adrained\x12.\n" +
+	"\x13running_command_ids\x18\x03 \x03(\tR\x11runningCommandIds\x12$\n" +
+	"\x0epool_lease_ids\x18\x04 \x03(\tR\fpoolLeaseIds\"\x7f\n" +
+	"\x17DecommissionNodeRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x123\n" +
+	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xc8\x01\n" +
+	"\x18DecommissionNodeResponse\x12.\n" +
+	"\x04node\x18\x01 \x01(\v2\x1a.leasehold.control.v1.NodeR\x04node\x12&\n" +
+	"\x0edecommissioned\x18\x02 \x01(\bR\x0edecommissioned\x12.\n" +
+	"\x13running_command_ids\x18\x03 \x03(\tR\x11runningCommandIds\x12$\n" +
+	"\x0epool_lease_ids\x18\x04 \x03(\tR\fpoolLeaseIds\"\x93\x02\n" +
+	"\n" +
+	"AuditEvent\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x03R\x02id\x12*\n" +
+	"\x02at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x14\n" +
+	"\x05actor\x18\x03 \x01(\tR\x05actor\x12\x12\n" +
+	"\x04role\x18\x04 \x01(\tR\x04role\x12\x16\n" +
+	"\x06method\x18\x05 \x01(\tR\x06method\x12\x1f\n" +
+	"\vtarget_kind\x18\x06 \x01(\tR\n" +
+	"targetKind\x12\x1b\n" +
+	"\ttarget_id\x18\a \x01(\tR\btargetId\x12\x18\n" +
+	"\aoutcome\x18\b \x01(\tR\aoutcome\x12/\n" +
+	"\x06detail\x18\t \x01(\v2\x17.google.protobuf.StructR\x06detail\"\xa4\x02\n" +
+	"\x16ListAuditEventsRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\x12\x14\n" +
+	"\x05actor\x18\x03 \x01(\tR\x05actor\x12\x16\n" +
+	"\x06method\x18\x04 \x01(\tR\x06method\x12\x1f\n" +
+	"\vtarget_kind\x18\x05 \x01(\tR\n" +
+	"targetKind\x12\x1b\n" +
+	"\ttarget_id\x18\x06 \x01(\tR\btargetId\x120\n" +
+	"\x05since\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
+	"\x05until\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x05until\"{\n" +
+	"\x17ListAuditEventsResponse\x128\n" +
+	"\x06events\x18\x01 \x03(\v2 .leasehold.control.v1.AuditEventR\x06events\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken*\xad\x01\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15NODE_STATE_REGISTERED\x10\x01\x12\x18\n" +
@@ -3892,7 +4736,7 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\x19POOL_LEASE_STATE_RELEASED\x10\x03*<\n" +
 	"\bSinkKind\x12\x19\n" +
 	"\x15SINK_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
-	"\x11SINK_KIND_WEBHOOK\x10\x012\xa8\x11\n" +
+	"\x11SINK_KIND_WEBHOOK\x10\x012\xb1\x15\n" +
 	"\x0eControlService\x12e\n" +
 	"\fRegisterNode\x12).leasehold.control.v1.RegisterNodeRequest\x1a*.leasehold.control.v1.RegisterNodeResponse\x12_\n" +
 	"\n" +
@@ -3921,7 +4765,13 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\n" +
 	"ListLeases\x12'.leasehold.control.v1.ListLeasesRequest\x1a(.leasehold.control.v1.ListLeasesResponse\x12b\n" +
 	"\vListWorkers\x12(.leasehold.control.v1.ListWorkersRequest\x1a).leasehold.control.v1.ListWorkersResponse\x12e\n" +
-	"\fListGateways\x12).leasehold.control.v1.ListGatewaysRequest\x1a*.leasehold.control.v1.ListGatewaysResponseB\xe1\x01\n" +
+	"\fListGateways\x12).leasehold.control.v1.ListGatewaysRequest\x1a*.leasehold.control.v1.ListGatewaysResponse\x12_\n" +
+	"\n" +
+	"CordonNode\x12'.leasehold.control.v1.CordonNodeRequest\x1a(.leasehold.control.v1.CordonNodeResponse\x12e\n" +
+	"\fUncordonNode\x12).leasehold.control.v1.UncordonNodeRequest\x1a*.leasehold.control.v1.UncordonNodeResponse\x12\\\n" +
+	"\tDrainNode\x12&.leasehold.control.v1.DrainNodeRequest\x1a'.leasehold.control.v1.DrainNodeResponse\x12q\n" +
+	"\x10DecommissionNode\x12-.leasehold.control.v1.DecommissionNodeRequest\x1a..leasehold.control.v1.DecommissionNodeResponse\x12n\n" +
+	"\x0fListAuditEvents\x12,.leasehold.control.v1.ListAuditEventsRequest\x1a-.leasehold.control.v1.ListAuditEventsResponseB\xe1\x01\n" +
 	"\x18com.leasehold.control.v1B\fControlProtoP\x01ZEgithub.com/leasehold/leasehold/pkg/gen/leasehold/control/v1;controlv1\xa2\x02\x03LCX\xaa\x02\x14Leasehold.Control.V1\xca\x02\x14Leasehold\\Control\\V1\xe2\x02 Leasehold\\Control\\V1\\GPBMetadata\xea\x02\x16Leasehold::Control::V1b\x06proto3"
 
 var (
@@ -3937,7 +4787,7 @@ func file_leasehold_control_v1_control_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_control_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_leasehold_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
+var file_leasehold_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
 var file_leasehold_control_v1_control_proto_goTypes = []any{
 	(NodeState)(0),                   // 0: leasehold.control.v1.NodeState
 	(CommandState)(0),                // 1: leasehold.control.v1.CommandState
@@ -3996,126 +4846,160 @@ var file_leasehold_control_v1_control_proto_goTypes = []any{
 	(*ListWorkersResponse)(nil),      // 54: leasehold.control.v1.ListWorkersResponse
 	(*ListGatewaysRequest)(nil),      // 55: leasehold.control.v1.ListGatewaysRequest
 	(*ListGatewaysResponse)(nil),     // 56: leasehold.control.v1.ListGatewaysResponse
-	nil,                              // 57: leasehold.control.v1.Node.LabelsEntry
-	nil,                              // 58: leasehold.control.v1.Pool.LabelsEntry
-	nil,                              // 59: leasehold.control.v1.PoolLease.SelectorEntry
-	nil,                              // 60: leasehold.control.v1.RegisterNodeRequest.LabelsEntry
-	nil,                              // 61: leasehold.control.v1.CreatePoolRequest.LabelsEntry
-	nil,                              // 62: leasehold.control.v1.CreatePoolLeaseRequest.SelectorEntry
-	(v1.NodeKind)(0),                 // 63: leasehold.node.v1.NodeKind
-	(*timestamppb.Timestamp)(nil),    // 64: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 65: google.protobuf.Duration
+	(*CordonNodeRequest)(nil),        // 57: leasehold.control.v1.CordonNodeRequest
+	(*CordonNodeResponse)(nil),       // 58: leasehold.control.v1.CordonNodeResponse
+	(*UncordonNodeRequest)(nil),      // 59: leasehold.control.v1.UncordonNodeRequest
+	(*UncordonNodeResponse)(nil),     // 60: leasehold.control.v1.UncordonNodeResponse
+	(*DrainNodeRequest)(nil),         // 61: leasehold.control.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),        // 62: leasehold.control.v1.DrainNodeResponse
+	(*DecommissionNodeRequest)(nil),  // 63: leasehold.control.v1.DecommissionNodeRequest
+	(*DecommissionNodeResponse)(nil), // 64: leasehold.control.v1.DecommissionNodeResponse
+	(*AuditEvent)(nil),               // 65: leasehold.control.v1.AuditEvent
+	(*ListAuditEventsRequest)(nil),   // 66: leasehold.control.v1.ListAuditEventsRequest
+	(*ListAuditEventsResponse)(nil),  // 67: leasehold.control.v1.ListAuditEventsResponse
+	nil,                              // 68: leasehold.control.v1.Node.LabelsEntry
+	nil,                              // 69: leasehold.control.v1.Pool.LabelsEntry
+	nil,                              // 70: leasehold.control.v1.PoolLease.SelectorEntry
+	nil,                              // 71: leasehold.control.v1.RegisterNodeRequest.LabelsEntry
+	nil,                              // 72: leasehold.control.v1.CreatePoolRequest.LabelsEntry
+	nil,                              // 73: leasehold.control.v1.CreatePoolLeaseRequest.SelectorEntry
+	(v1.NodeKind)(0),                 // 74: leasehold.node.v1.NodeKind
+	(*timestamppb.Timestamp)(nil),    // 75: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 76: google.protobuf.Duration
+	(*structpb.Struct)(nil),          // 77: google.protobuf.Struct
 }
 var file_leasehold_control_v1_control_proto_depIdxs = []int32{
-	63, // 0: leasehold.control.v1.Node.kind:type_name -> leasehold.node.v1.NodeKind
-	57, // 1: leasehold.control.v1.Node.labels:type_name -> leasehold.control.v1.Node.LabelsEntry
+	74, // 0: leasehold.control.v1.Node.kind:type_name -> leasehold.node.v1.NodeKind
+	68, // 1: leasehold.control.v1.Node.labels:type_name -> leasehold.control.v1.Node.LabelsEntry
 	0,  // 2: leasehold.control.v1.Node.state:type_name -> leasehold.control.v1.NodeState
-	64, // 3: leasehold.control.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
-	64, // 4: leasehold.control.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	64, // 5: leasehold.control.v1.Node.revoked_at:type_name -> google.protobuf.Timestamp
-	1,  // 6: leasehold.control.v1.Command.state:type_name -> leasehold.control.v1.CommandState
-	64, // 7: leasehold.control.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	64, // 8: leasehold.control.v1.Command.created_at:type_name -> google.protobuf.Timestamp
-	64, // 9: leasehold.control.v1.Command.updated_at:type_name -> google.protobuf.Timestamp
-	64, // 10: leasehold.control.v1.CommandResult.started_at:type_name -> google.protobuf.Timestamp
-	64, // 11: leasehold.control.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	64, // 12: leasehold.control.v1.CommandResult.received_at:type_name -> google.protobuf.Timestamp
-	58, // 13: leasehold.control.v1.Pool.labels:type_name -> leasehold.control.v1.Pool.LabelsEntry
-	64, // 14: leasehold.control.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
-	59, // 15: leasehold.control.v1.PoolLease.selector:type_name -> leasehold.control.v1.PoolLease.SelectorEntry
-	2,  // 16: leasehold.control.v1.PoolLease.state:type_name -> leasehold.control.v1.PoolLeaseState
-	64, // 17: leasehold.control.v1.PoolLease.created_at:type_name -> google.protobuf.Timestamp
-	64, // 18: leasehold.control.v1.PoolLease.updated_at:type_name -> google.protobuf.Timestamp
-	64, // 19: leasehold.control.v1.PoolLease.released_at:type_name -> google.protobuf.Timestamp
-	3,  // 20: leasehold.control.v1.Sink.kind:type_name -> leasehold.control.v1.SinkKind
-	64, // 21: leasehold.control.v1.Sink.created_at:type_name -> google.protobuf.Timestamp
-	64, // 22: leasehold.control.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	64, // 23: leasehold.control.v1.Worker.heartbeat_at:type_name -> google.protobuf.Timestamp
-	65, // 24: leasehold.control.v1.Worker.clock_skew:type_name -> google.protobuf.Duration
-	64, // 25: leasehold.control.v1.Gateway.lease_expires_at:type_name -> google.protobuf.Timestamp
-	63, // 26: leasehold.control.v1.RegisterNodeRequest.kind:type_name -> leasehold.node.v1.NodeKind
-	60, // 27: leasehold.control.v1.RegisterNodeRequest.labels:type_name -> leasehold.control.v1.RegisterNodeRequest.LabelsEntry
-	4,  // 28: leasehold.control.v1.RegisterNodeResponse.node:type_name -> leasehold.control.v1.Node
-	4,  // 29: leasehold.control.v1.RevokeNodeResponse.node:type_name -> leasehold.control.v1.Node
-	4,  // 30: leasehold.control.v1.GetNodeResponse.node:type_name -> leasehold.control.v1.Node
-	0,  // 31: leasehold.control.v1.ListNodesRequest.state:type_name -> leasehold.control.v1.NodeState
-	4,  // 32: leasehold.control.v1.ListNodesResponse.nodes:type_name -> leasehold.control.v1.Node
-	64, // 33: leasehold.control.v1.CreateCommandRequest.deadline:type_name -> google.protobuf.Timestamp
-	65, // 34: leasehold.control.v1.CreateCommandRequest.timeout:type_name -> google.protobuf.Duration
-	5,  // 35: leasehold.control.v1.CreateCommandResponse.command:type_name -> leasehold.control.v1.Command
-	5,  // 36: leasehold.control.v1.GetCommandResponse.command:type_name -> leasehold.control.v1.Command
-	6,  // 37: leasehold.control.v1.GetCommandResponse.result:type_name -> leasehold.control.v1.CommandResult
-	1,  // 38: leasehold.control.v1.ListCommandsRequest.state:type_name -> leasehold.control.v1.CommandState
-	5,  // 39: leasehold.control.v1.ListCommandsResponse.commands:type_name -> leasehold.control.v1.Command
-	5,  // 40: leasehold.control.v1.CancelCommandResponse.command:type_name -> leasehold.control.v1.Command
-	65, // 41: leasehold.control.v1.WaitCommandRequest.timeout:type_name -> google.protobuf.Duration
-	5,  // 42: leasehold.control.v1.WaitCommandResponse.command:type_name -> leasehold.control.v1.Command
-	6,  // 43: leasehold.control.v1.WaitCommandResponse.result:type_name -> leasehold.control.v1.CommandResult
-	61, // 44: leasehold.control.v1.CreatePoolRequest.labels:type_name -> leasehold.control.v1.CreatePoolRequest.LabelsEntry
-	7,  // 45: leasehold.control.v1.CreatePoolResponse.pool:type_name -> leasehold.control.v1.Pool
-	7,  // 46: leasehold.control.v1.GetPoolResponse.pool:type_name -> leasehold.control.v1.Pool
-	7,  // 47: leasehold.control.v1.ListPoolsResponse.pools:type_name -> leasehold.control.v1.Pool
-	62, // 48: leasehold.control.v1.CreatePoolLeaseRequest.selector:type_name -> leasehold.control.v1.CreatePoolLeaseRequest.SelectorEntry
-	8,  // 49: leasehold.control.v1.CreatePoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
-	8,  // 50: leasehold.control.v1.GetPoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
-	2,  // 51: leasehold.control.v1.ListPoolLeasesRequest.state:type_name -> leasehold.control.v1.PoolLeaseState
-	8,  // 52: leasehold.control.v1.ListPoolLeasesResponse.pool_leases:type_name -> leasehold.control.v1.PoolLease
-	8,  // 53: leasehold.control.v1.ReleasePoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
-	3,  // 54: leasehold.control.v1.CreateSinkRequest.kind:type_name -> leasehold.control.v1.SinkKind
-	9,  // 55: leasehold.control.v1.CreateSinkResponse.sink:type_name -> leasehold.control.v1.Sink
-	9,  // 56: leasehold.control.v1.ListSinksResponse.sinks:type_name -> leasehold.control.v1.Sink
-	10, // 57: leasehold.control.v1.ListLeasesResponse.leases:type_name -> leasehold.control.v1.Lease
-	11, // 58: leasehold.control.v1.ListWorkersResponse.workers:type_name -> leasehold.control.v1.Worker
-	12, // 59: leasehold.control.v1.ListGatewaysResponse.gateways:type_name -> leasehold.control.v1.Gateway
-	13, // 60: leasehold.control.v1.ControlService.RegisterNode:input_type -> leasehold.control.v1.RegisterNodeRequest
-	15, // 61: leasehold.control.v1.ControlService.RevokeNode:input_type -> leasehold.control.v1.RevokeNodeRequest
-	17, // 62: leasehold.control.v1.ControlService.GetNode:input_type -> leasehold.control.v1.GetNodeRequest
-	19, // 63: leasehold.control.v1.ControlService.ListNodes:input_type -> leasehold.control.v1.ListNodesRequest
-	21, // 64: leasehold.control.v1.ControlService.CreateCommand:input_type -> leasehold.control.v1.CreateCommandRequest
-	23, // 65: leasehold.control.v1.ControlService.GetCommand:input_type -> leasehold.control.v1.GetCommandRequest
-	25, // 66: leasehold.control.v1.ControlService.ListCommands:input_type -> leasehold.control.v1.ListCommandsRequest
-	27, // 67: leasehold.control.v1.ControlService.CancelCommand:input_type -> leasehold.control.v1.CancelCommandRequest
-	29, // 68: leasehold.control.v1.ControlService.WaitCommand:input_type -> leasehold.control.v1.WaitCommandRequest
-	31, // 69: leasehold.control.v1.ControlService.CreatePool:input_type -> leasehold.control.v1.CreatePoolRequest
-	33, // 70: leasehold.control.v1.ControlService.GetPool:input_type -> leasehold.control.v1.GetPoolRequest
-	35, // 71: leasehold.control.v1.ControlService.ListPools:input_type -> leasehold.control.v1.ListPoolsRequest
-	37, // 72: leasehold.control.v1.ControlService.CreatePoolLease:input_type -> leasehold.control.v1.CreatePoolLeaseRequest
-	39, // 73: leasehold.control.v1.ControlService.GetPoolLease:input_type -> leasehold.control.v1.GetPoolLeaseRequest
-	41, // 74: leasehold.control.v1.ControlService.ListPoolLeases:input_type -> leasehold.control.v1.ListPoolLeasesRequest
-	43, // 75: leasehold.control.v1.ControlService.ReleasePoolLease:input_type -> leasehold.control.v1.ReleasePoolLeaseRequest
-	45, // 76: leasehold.control.v1.ControlService.CreateSink:input_type -> leasehold.control.v1.CreateSinkRequest
-	47, // 77: leasehold.control.v1.ControlService.ListSinks:input_type -> leasehold.control.v1.ListSinksRequest
-	49, // 78: leasehold.control.v1.ControlService.DeleteSink:input_type -> leasehold.control.v1.DeleteSinkRequest
-	51, // 79: leasehold.control.v1.ControlService.ListLeases:input_type -> leasehold.control.v1.ListLeasesRequest
-	53, // 80: leasehold.control.v1.ControlService.ListWorkers:input_type -> leasehold.control.v1.ListWorkersRequest
-	55, // 81: leasehold.control.v1.ControlService.ListGateways:input_type -> leasehold.control.v1.ListGatewaysRequest
-	14, // 82: leasehold.control.v1.ControlService.RegisterNode:output_type -> leasehold.control.v1.RegisterNodeResponse
-	16, // 83: leasehold.control.v1.ControlService.RevokeNode:output_type -> leasehold.control.v1.RevokeNodeResponse
-	18, // 84: leasehold.control.v1.ControlService.GetNode:output_type -> leasehold.control.v1.GetNodeResponse
-	20, // 85: leasehold.control.v1.ControlService.ListNodes:output_type -> leasehold.control.v1.ListNodesResponse
-	22, // 86: leasehold.control.v1.ControlService.CreateCommand:output_type -> leasehold.control.v1.CreateCommandResponse
-	24, // 87: leasehold.control.v1.ControlService.GetCommand:output_type -> leasehold.control.v1.GetCommandResponse
-	26, // 88: leasehold.control.v1.ControlService.ListCommands:output_type -> leasehold.control.v1.ListCommandsResponse
-	28, // 89: leasehold.control.v1.ControlService.CancelCommand:output_type -> leasehold.control.v1.CancelCommandResponse
-	30, // 90: leasehold.control.v1.ControlService.WaitCommand:output_type -> leasehold.control.v1.WaitCommandResponse
-	32, // 91: leasehold.control.v1.ControlService.CreatePool:output_type -> leasehold.control.v1.CreatePoolResponse
-	34, // 92: leasehold.control.v1.ControlService.GetPool:output_type -> leasehold.control.v1.GetPoolResponse
-	36, // 93: leasehold.control.v1.ControlService.ListPools:output_type -> leasehold.control.v1.ListPoolsResponse
-	38, // 94: leasehold.control.v1.ControlService.CreatePoolLease:output_type -> leasehold.control.v1.CreatePoolLeaseResponse
-	40, // 95: leasehold.control.v1.ControlService.GetPoolLease:output_type -> leasehold.control.v1.GetPoolLeaseResponse
-	42, // 96: leasehold.control.v1.ControlService.ListPoolLeases:output_type -> leasehold.control.v1.ListPoolLeasesResponse
-	44, // 97: leasehold.control.v1.ControlService.ReleasePoolLease:output_type -> leasehold.control.v1.ReleasePoolLeaseResponse
-	46, // 98: leasehold.control.v1.ControlService.CreateSink:output_type -> leasehold.control.v1.CreateSinkResponse
-	48, // 99: leasehold.control.v1.ControlService.ListSinks:output_type -> leasehold.control.v1.ListSinksResponse
-	50, // 100: leasehold.control.v1.ControlService.DeleteSink:output_type -> leasehold.control.v1.DeleteSinkResponse
-	52, // 101: leasehold.control.v1.ControlService.ListLeases:output_type -> leasehold.control.v1.ListLeasesResponse
-	54, // 102: leasehold.control.v1.ControlService.ListWorkers:output_type -> leasehold.control.v1.ListWorkersResponse
-	56, // 103: leasehold.control.v1.ControlService.ListGateways:output_type -> leasehold.control.v1.ListGatewaysResponse
-	82, // [82:104] is the sub-list for method output_type
-	60, // [60:82] is the sub-list for method input_type
-	60, // [60:60] is the sub-list for extension type_name
-	60, // [60:60] is the sub-list for extension extendee
-	0,  // [0:60] is the sub-list for field type_name
+	75, // 3: leasehold.control.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
+	75, // 4: leasehold.control.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	75, // 5: leasehold.control.v1.Node.revoked_at:type_name -> google.protobuf.Timestamp
+	75, // 6: leasehold.control.v1.Node.cordoned_at:type_name -> google.protobuf.Timestamp
+	1,  // 7: leasehold.control.v1.Command.state:type_name -> leasehold.control.v1.CommandState
+	75, // 8: leasehold.control.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	75, // 9: leasehold.control.v1.Command.created_at:type_name -> google.protobuf.Timestamp
+	75, // 10: leasehold.control.v1.Command.updated_at:type_name -> google.protobuf.Timestamp
+	75, // 11: leasehold.control.v1.CommandResult.started_at:type_name -> google.protobuf.Timestamp
+	75, // 12: leasehold.control.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	75, // 13: leasehold.control.v1.CommandResult.received_at:type_name -> google.protobuf.Timestamp
+	69, // 14: leasehold.control.v1.Pool.labels:type_name -> leasehold.control.v1.Pool.LabelsEntry
+	75, // 15: leasehold.control.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
+	70, // 16: leasehold.control.v1.PoolLease.selector:type_name -> leasehold.control.v1.PoolLease.SelectorEntry
+	2,  // 17: leasehold.control.v1.PoolLease.state:type_name -> leasehold.control.v1.PoolLeaseState
+	75, // 18: leasehold.control.v1.PoolLease.created_at:type_name -> google.protobuf.Timestamp
+	75, // 19: leasehold.control.v1.PoolLease.updated_at:type_name -> google.protobuf.Timestamp
+	75, // 20: leasehold.control.v1.PoolLease.released_at:type_name -> google.protobuf.Timestamp
+	3,  // 21: leasehold.control.v1.Sink.kind:type_name -> leasehold.control.v1.SinkKind
+	75, // 22: leasehold.control.v1.Sink.created_at:type_name -> google.protobuf.Timestamp
+	75, // 23: leasehold.control.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	75, // 24: leasehold.control.v1.Worker.heartbeat_at:type_name -> google.protobuf.Timestamp
+	76, // 25: leasehold.control.v1.Worker.clock_skew:type_name -> google.protobuf.Duration
+	75, // 26: leasehold.control.v1.Gateway.lease_expires_at:type_name -> google.protobuf.Timestamp
+	74, // 27: leasehold.control.v1.RegisterNodeRequest.kind:type_name -> leasehold.node.v1.NodeKind
+	71, // 28: leasehold.control.v1.RegisterNodeRequest.labels:type_name -> leasehold.control.v1.RegisterNodeRequest.LabelsEntry
+	4,  // 29: leasehold.control.v1.RegisterNodeResponse.node:type_name -> leasehold.control.v1.Node
+	4,  // 30: leasehold.control.v1.RevokeNodeResponse.node:type_name -> leasehold.control.v1.Node
+	4,  // 31: leasehold.control.v1.GetNodeResponse.node:type_name -> leasehold.control.v1.Node
+	0,  // 32: leasehold.control.v1.ListNodesRequest.state:type_name -> leasehold.control.v1.NodeState
+	4,  // 33: leasehold.control.v1.ListNodesResponse.nodes:type_name -> leasehold.control.v1.Node
+	75, // 34: leasehold.control.v1.CreateCommandRequest.deadline:type_name -> google.protobuf.Timestamp
+	76, // 35: leasehold.control.v1.CreateCommandRequest.timeout:type_name -> google.protobuf.Duration
+	5,  // 36: leasehold.control.v1.CreateCommandResponse.command:type_name -> leasehold.control.v1.Command
+	5,  // 37: leasehold.control.v1.GetCommandResponse.command:type_name -> leasehold.control.v1.Command
+	6,  // 38: leasehold.control.v1.GetCommandResponse.result:type_name -> leasehold.control.v1.CommandResult
+	1,  // 39: leasehold.control.v1.ListCommandsRequest.state:type_name -> leasehold.control.v1.CommandState
+	5,  // 40: leasehold.control.v1.ListCommandsResponse.commands:type_name -> leasehold.control.v1.Command
+	5,  // 41: leasehold.control.v1.CancelCommandResponse.command:type_name -> leasehold.control.v1.Command
+	76, // 42: leasehold.control.v1.WaitCommandRequest.timeout:type_name -> google.protobuf.Duration
+	5,  // 43: leasehold.control.v1.WaitCommandResponse.command:type_name -> leasehold.control.v1.Command
+	6,  // 44: leasehold.control.v1.WaitCommandResponse.result:type_name -> leasehold.control.v1.CommandResult
+	72, // 45: leasehold.control.v1.CreatePoolRequest.labels:type_name -> leasehold.control.v1.CreatePoolRequest.LabelsEntry
+	7,  // 46: leasehold.control.v1.CreatePoolResponse.pool:type_name -> leasehold.control.v1.Pool
+	7,  // 47: leasehold.control.v1.GetPoolResponse.pool:type_name -> leasehold.control.v1.Pool
+	7,  // 48: leasehold.control.v1.ListPoolsResponse.pools:type_name -> leasehold.control.v1.Pool
+	73, // 49: leasehold.control.v1.CreatePoolLeaseRequest.selector:type_name -> leasehold.control.v1.CreatePoolLeaseRequest.SelectorEntry
+	8,  // 50: leasehold.control.v1.CreatePoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
+	8,  // 51: leasehold.control.v1.GetPoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
+	2,  // 52: leasehold.control.v1.ListPoolLeasesRequest.state:type_name -> leasehold.control.v1.PoolLeaseState
+	8,  // 53: leasehold.control.v1.ListPoolLeasesResponse.pool_leases:type_name -> leasehold.control.v1.PoolLease
+	8,  // 54: leasehold.control.v1.ReleasePoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
+	3,  // 55: leasehold.control.v1.CreateSinkRequest.kind:type_name -> leasehold.control.v1.SinkKind
+	9,  // 56: leasehold.control.v1.CreateSinkResponse.sink:type_name -> leasehold.control.v1.Sink
+	9,  // 57: leasehold.control.v1.ListSinksResponse.sinks:type_name -> leasehold.control.v1.Sink
+	10, // 58: leasehold.control.v1.ListLeasesResponse.leases:type_name -> leasehold.control.v1.Lease
+	11, // 59: leasehold.control.v1.ListWorkersResponse.workers:type_name -> leasehold.control.v1.Worker
+	12, // 60: leasehold.control.v1.ListGatewaysResponse.gateways:type_name -> leasehold.control.v1.Gateway
+	4,  // 61: leasehold.control.v1.CordonNodeResponse.node:type_name -> leasehold.control.v1.Node
+	4,  // 62: leasehold.control.v1.UncordonNodeResponse.node:type_name -> leasehold.control.v1.Node
+	76, // 63: leasehold.control.v1.DrainNodeRequest.timeout:type_name -> google.protobuf.Duration
+	4,  // 64: leasehold.control.v1.DrainNodeResponse.node:type_name -> leasehold.control.v1.Node
+	76, // 65: leasehold.control.v1.DecommissionNodeRequest.timeout:type_name -> google.protobuf.Duration
+	4,  // 66: leasehold.control.v1.DecommissionNodeResponse.node:type_name -> leasehold.control.v1.Node
+	75, // 67: leasehold.control.v1.AuditEvent.at:type_name -> google.protobuf.Timestamp
+	77, // 68: leasehold.control.v1.AuditEvent.detail:type_name -> google.protobuf.Struct
+	75, // 69: leasehold.control.v1.ListAuditEventsRequest.since:type_name -> google.protobuf.Timestamp
+	75, // 70: leasehold.control.v1.ListAuditEventsRequest.until:type_name -> google.protobuf.Timestamp
+	65, // 71: leasehold.control.v1.ListAuditEventsResponse.events:type_name -> leasehold.control.v1.AuditEvent
+	13, // 72: leasehold.control.v1.ControlService.RegisterNode:input_type -> leasehold.control.v1.RegisterNodeRequest
+	15, // 73: leasehold.control.v1.ControlService.RevokeNode:input_type -> leasehold.control.v1.RevokeNodeRequest
+	17, // 74: leasehold.control.v1.ControlService.GetNode:input_type -> leasehold.control.v1.GetNodeRequest
+	19, // 75: leasehold.control.v1.ControlService.ListNodes:input_type -> leasehold.control.v1.ListNodesRequest
+	21, // 76: leasehold.control.v1.ControlService.CreateCommand:input_type -> leasehold.control.v1.CreateCommandRequest
+	23, // 77: leasehold.control.v1.ControlService.GetCommand:input_type -> leasehold.control.v1.GetCommandRequest
+	25, // 78: leasehold.control.v1.ControlService.ListCommands:input_type -> leasehold.control.v1.ListCommandsRequest
+	27, // 79: leasehold.control.v1.ControlService.CancelCommand:input_type -> leasehold.control.v1.CancelCommandRequest
+	29, // 80: leasehold.control.v1.ControlService.WaitCommand:input_type -> leasehold.control.v1.WaitCommandRequest
+	31, // 81: leasehold.control.v1.ControlService.CreatePool:input_type -> leasehold.control.v1.CreatePoolRequest
+	33, // 82: leasehold.control.v1.ControlService.GetPool:input_type -> leasehold.control.v1.GetPoolRequest
+	35, // 83: leasehold.control.v1.ControlService.ListPools:input_type -> leasehold.control.v1.ListPoolsRequest
+	37, // 84: leasehold.control.v1.ControlService.CreatePoolLease:input_type -> leasehold.control.v1.CreatePoolLeaseRequest
+	39, // 85: leasehold.control.v1.ControlService.GetPoolLease:input_type -> leasehold.control.v1.GetPoolLeaseRequest
+	41, // 86: leasehold.control.v1.ControlService.ListPoolLeases:input_type -> leasehold.control.v1.ListPoolLeasesRequest
+	43, // 87: leasehold.control.v1.ControlService.ReleasePoolLease:input_type -> leasehold.control.v1.ReleasePoolLeaseRequest
+	45, // 88: leasehold.control.v1.ControlService.CreateSink:input_type -> leasehold.control.v1.CreateSinkRequest
+	47, // 89: leasehold.control.v1.ControlService.ListSinks:input_type -> leasehold.control.v1.ListSinksRequest
+	49, // 90: leasehold.control.v1.ControlService.DeleteSink:input_type -> leasehold.control.v1.DeleteSinkRequest
+	51, // 91: leasehold.control.v1.ControlService.ListLeases:input_type -> leasehold.control.v1.ListLeasesRequest
+	53, // 92: leasehold.control.v1.ControlService.ListWorkers:input_type -> leasehold.control.v1.ListWorkersRequest
+	55, // 93: leasehold.control.v1.ControlService.ListGateways:input_type -> leasehold.control.v1.ListGatewaysRequest
+	57, // 94: leasehold.control.v1.ControlService.CordonNode:input_type -> leasehold.control.v1.CordonNodeRequest
+	59, // 95: leasehold.control.v1.ControlService.UncordonNode:input_type -> leasehold.control.v1.UncordonNodeRequest
+	61, // 96: leasehold.control.v1.ControlService.DrainNode:input_type -> leasehold.control.v1.DrainNodeRequest
+	63, // 97: leasehold.control.v1.ControlService.DecommissionNode:input_type -> leasehold.control.v1.DecommissionNodeRequest
+	66, // 98: leasehold.control.v1.ControlService.ListAuditEvents:input_type -> leasehold.control.v1.ListAuditEventsRequest
+	14, // 99: leasehold.control.v1.ControlService.RegisterNode:output_type -> leasehold.control.v1.RegisterNodeResponse
+	16, // 100: leasehold.control.v1.ControlService.RevokeNode:output_type -> leasehold.control.v1.RevokeNodeResponse
+	18, // 101: leasehold.control.v1.ControlService.GetNode:output_type -> leasehold.control.v1.GetNodeResponse
+	20, // 102: leasehold.control.v1.ControlService.ListNodes:output_type -> leasehold.control.v1.ListNodesResponse
+	22, // 103: leasehold.control.v1.ControlService.CreateCommand:output_type -> leasehold.control.v1.CreateCommandResponse
+	24, // 104: leasehold.control.v1.ControlService.GetCommand:output_type -> leasehold.control.v1.GetCommandResponse
+	26, // 105: leasehold.control.v1.ControlService.ListCommands:output_type -> leasehold.control.v1.ListCommandsResponse
+	28, // 106: leasehold.control.v1.ControlService.CancelCommand:output_type -> leasehold.control.v1.CancelCommandResponse
+	30, // 107: leasehold.control.v1.ControlService.WaitCommand:output_type -> leasehold.control.v1.WaitCommandResponse
+	32, // 108: leasehold.control.v1.ControlService.CreatePool:output_type -> leasehold.control.v1.CreatePoolResponse
+	34, // 109: leasehold.control.v1.ControlService.GetPool:output_type -> leasehold.control.v1.GetPoolResponse
+	36, // 110: leasehold.control.v1.ControlService.ListPools:output_type -> leasehold.control.v1.ListPoolsResponse
+	38, // 111: leasehold.control.v1.ControlService.CreatePoolLease:output_type -> leasehold.control.v1.CreatePoolLeaseResponse
+	40, // 112: leasehold.control.v1.ControlService.GetPoolLease:output_type -> leasehold.control.v1.GetPoolLeaseResponse
+	42, // 113: leasehold.control.v1.ControlService.ListPoolLeases:output_type -> leasehold.control.v1.ListPoolLeasesResponse
+	44, // 114: leasehold.control.v1.ControlService.ReleasePoolLease:output_type -> leasehold.control.v1.ReleasePoolLeaseResponse
+	46, // 115: leasehold.control.v1.ControlService.CreateSink:output_type -> leasehold.control.v1.CreateSinkResponse
+	48, // 116: leasehold.control.v1.ControlService.ListSinks:output_type -> leasehold.control.v1.ListSinksResponse
+	50, // 117: leasehold.control.v1.ControlService.DeleteSink:output_type -> leasehold.control.v1.DeleteSinkResponse
+	52, // 118: leasehold.control.v1.ControlService.ListLeases:output_type -> leasehold.control.v1.ListLeasesResponse
+	54, // 119: leasehold.control.v1.ControlService.ListWorkers:output_type -> leasehold.control.v1.ListWorkersResponse
+	56, // 120: leasehold.control.v1.ControlService.ListGateways:output_type -> leasehold.control.v1.ListGatewaysResponse
+	58, // 121: leasehold.control.v1.ControlService.CordonNode:output_type -> leasehold.control.v1.CordonNodeResponse
+	60, // 122: leasehold.control.v1.ControlService.UncordonNode:output_type -> leasehold.control.v1.UncordonNodeResponse
+	62, // 123: leasehold.control.v1.ControlService.DrainNode:output_type -> leasehold.control.v1.DrainNodeResponse
+	64, // 124: leasehold.control.v1.ControlService.DecommissionNode:output_type -> leasehold.control.v1.DecommissionNodeResponse
+	67, // 125: leasehold.control.v1.ControlService.ListAuditEvents:output_type -> leasehold.control.v1.ListAuditEventsResponse
+	99, // [99:126] is the sub-list for method output_type
+	72, // [72:99] is the sub-list for method input_type
+	72, // [72:72] is the sub-list for extension type_name
+	72, // [72:72] is the sub-list for extension extendee
+	0,  // [0:72] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_control_v1_control_proto_init() }
@@ -4133,7 +5017,7 @@ func file_leasehold_control_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_control_v1_control_proto_rawDesc), len(file_leasehold_control_v1_control_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   59,
+			NumMessages:   70,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

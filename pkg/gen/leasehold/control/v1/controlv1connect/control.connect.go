@@ -101,6 +101,21 @@ const (
 	// ControlServiceListGatewaysProcedure is the fully-qualified name of the ControlService's
 	// ListGateways RPC.
 	ControlServiceListGatewaysProcedure = "/leasehold.control.v1.ControlService/ListGateways"
+	// ControlServiceCordonNodeProcedure is the fully-qualified name of the ControlService's CordonNode
+	// RPC.
+	ControlServiceCordonNodeProcedure = "/leasehold.control.v1.ControlService/CordonNode"
+	// ControlServiceUncordonNodeProcedure is the fully-qualified name of the ControlService's
+	// UncordonNode RPC.
+	ControlServiceUncordonNodeProcedure = "/leasehold.control.v1.ControlService/UncordonNode"
+	// ControlServiceDrainNodeProcedure is the fully-qualified name of the ControlService's DrainNode
+	// RPC.
+	ControlServiceDrainNodeProcedure = "/leasehold.control.v1.ControlService/DrainNode"
+	// ControlServiceDecommissionNodeProcedure is the fully-qualified name of the ControlService's
+	// DecommissionNode RPC.
+	ControlServiceDecommissionNodeProcedure = "/leasehold.control.v1.ControlService/DecommissionNode"
+	// ControlServiceListAuditEventsProcedure is the fully-qualified name of the ControlService's
+	// ListAuditEvents RPC.
+	ControlServiceListAuditEventsProcedure = "/leasehold.control.v1.ControlService/ListAuditEvents"
 )
 
 // ControlServiceClient is a client for the leasehold.control.v1.ControlService service.
@@ -150,6 +165,20 @@ type ControlServiceClient interface {
 	ListWorkers(context.Context, *connect.Request[v1.ListWorkersRequest]) (*connect.Response[v1.ListWorkersResponse], error)
 	// ListGateways returns the gateways and their sessions.
 	ListGateways(context.Context, *connect.Request[v1.ListGatewaysRequest]) (*connect.Response[v1.ListGatewaysResponse], error)
+	// CordonNode stops the placer from allocating the node to new pool leases;
+	// what runs on it keeps running. Cordoning a cordoned node changes nothing.
+	CordonNode(context.Context, *connect.Request[v1.CordonNodeRequest]) (*connect.Response[v1.CordonNodeResponse], error)
+	// UncordonNode makes the node placeable again.
+	UncordonNode(context.Context, *connect.Request[v1.UncordonNodeRequest]) (*connect.Response[v1.UncordonNodeResponse], error)
+	// DrainNode cordons the node, then waits until its dispatched and running
+	// commands and its pool allocations have ended, or its timeout passes; the
+	// response says what is still there.
+	DrainNode(context.Context, *connect.Request[v1.DrainNodeRequest]) (*connect.Response[v1.DrainNodeResponse], error)
+	// DecommissionNode drains the node and, once it is drained, revokes its
+	// credential as RevokeNode does.
+	DecommissionNode(context.Context, *connect.Request[v1.DecommissionNodeRequest]) (*connect.Response[v1.DecommissionNodeResponse], error)
+	// ListAuditEvents returns the audit trail, newest first, a page at a time.
+	ListAuditEvents(context.Context, *connect.Request[v1.ListAuditEventsRequest]) (*connect.Response[v1.ListAuditEventsResponse], error)
 }
 
 // NewControlServiceClient constructs a client for the leasehold.control.v1.ControlService service.
@@ -295,6 +324,36 @@ func NewControlServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(controlServiceMethods.ByName("ListGateways")),
 			connect.WithClientOptions(opts...),
 		),
+		cordonNode: connect.NewClient[v1.CordonNodeRequest, v1.CordonNodeResponse](
+			httpClient,
+			baseURL+ControlServiceCordonNodeProcedure,
+			connect.WithSchema(controlServiceMethods.ByName("CordonNode")),
+			connect.WithClientOptions(opts...),
+		),
+		uncordonNode: connect.NewClient[v1.UncordonNodeRequest, v1.UncordonNodeResponse](
+			httpClient,
+			baseURL+ControlServiceUncordonNodeProcedure,
+			connect.WithSchema(controlServiceMethods.ByName("UncordonNode")),
+			connect.WithClientOptions(opts...),
+		),
+		drainNode: connect.NewClient[v1.DrainNodeRequest, v1.DrainNodeResponse](
+			httpClient,
+			baseURL+ControlServiceDrainNodeProcedure,
+			connect.WithSchema(controlServiceMethods.ByName("DrainNode")),
+			connect.WithClientOptions(opts...),
+		),
+		decommissionNode: connect.NewClient[v1.DecommissionNodeRequest, v1.DecommissionNodeResponse](
+			httpClient,
+			baseURL+ControlServiceDecommissionNodeProcedure,
+			connect.WithSchema(controlServiceMethods.ByName("DecommissionNode")),
+			connect.WithClientOptions(opts...),
+		),
+		listAuditEvents: connect.NewClient[v1.ListAuditEventsRequest, v1.ListAuditEventsResponse](
+			httpClient,
+			baseURL+ControlServiceListAuditEventsProcedure,
+			connect.WithSchema(controlServiceMethods.ByName("ListAuditEvents")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -322,6 +381,11 @@ type controlServiceClient struct {
 	listLeases       *connect.Client[v1.ListLeasesRequest, v1.ListLeasesResponse]
 	listWorkers      *connect.Client[v1.ListWorkersRequest, v1.ListWorkersResponse]
 	listGateways     *connect.Client[v1.ListGatewaysRequest, v1.ListGatewaysResponse]
+	cordonNode       *connect.Client[v1.CordonNodeRequest, v1.CordonNodeResponse]
+	uncordonNode     *connect.Client[v1.UncordonNodeRequest, v1.UncordonNodeResponse]
+	drainNode        *connect.Client[v1.DrainNodeRequest, v1.DrainNodeResponse]
+	decommissionNode *connect.Client[v1.DecommissionNodeRequest, v1.DecommissionNodeResponse]
+	listAuditEvents  *connect.Client[v1.ListAuditEventsRequest, v1.ListAuditEventsResponse]
 }
 
 // RegisterNode calls leasehold.control.v1.ControlService.RegisterNode.
@@ -434,6 +498,31 @@ func (c *controlServiceClient) ListGateways(ctx context.Context, req *connect.Re
 	return c.listGateways.CallUnary(ctx, req)
 }
 
+// CordonNode calls leasehold.control.v1.ControlService.CordonNode.
+func (c *controlServiceClient) CordonNode(ctx context.Context, req *connect.Request[v1.CordonNodeRequest]) (*connect.Response[v1.CordonNodeResponse], error) {
+	return c.cordonNode.CallUnary(ctx, req)
+}
+
+// UncordonNode calls leasehold.control.v1.ControlService.UncordonNode.
+func (c *controlServiceClient) UncordonNode(ctx context.Context, req *connect.Request[v1.UncordonNodeRequest]) (*connect.Response[v1.UncordonNodeResponse], error) {
+	return c.uncordonNode.CallUnary(ctx, req)
+}
+
+// DrainNode calls leasehold.control.v1.ControlService.DrainNode.
+func (c *controlServiceClient) DrainNode(ctx context.Context, req *connect.Request[v1.DrainNodeRequest]) (*connect.Response[v1.DrainNodeResponse], error) {
+	return c.drainNode.CallUnary(ctx, req)
+}
+
+// DecommissionNode calls leasehold.control.v1.ControlService.DecommissionNode.
+func (c *controlServiceClient) DecommissionNode(ctx context.Context, req *connect.Request[v1.DecommissionNodeRequest]) (*connect.Response[v1.DecommissionNodeResponse], error) {
+	return c.decommissionNode.CallUnary(ctx, req)
+}
+
+// ListAuditEvents calls leasehold.control.v1.ControlService.ListAuditEvents.
+func (c *controlServiceClient) ListAuditEvents(ctx context.Context, req *connect.Request[v1.ListAuditEventsRequest]) (*connect.Response[v1.ListAuditEventsResponse], error) {
+	return c.listAuditEvents.CallUnary(ctx, req)
+}
+
 // ControlServiceHandler is an implementation of the leasehold.control.v1.ControlService service.
 type ControlServiceHandler interface {
 	// RegisterNode creates a node and returns its credential, once.
@@ -481,6 +570,20 @@ type ControlServiceHandler interface {
 	ListWorkers(context.Context, *connect.Request[v1.ListWorkersRequest]) (*connect.Response[v1.ListWorkersResponse], error)
 	// ListGateways returns the gateways and their sessions.
 	ListGateways(context.Context, *connect.Request[v1.ListGatewaysRequest]) (*connect.Response[v1.ListGatewaysResponse], error)
+	// CordonNode stops the placer from allocating the node to new pool leases;
+	// what runs on it keeps running. Cordoning a cordoned node changes nothing.
+	CordonNode(context.Context, *connect.Request[v1.CordonNodeRequest]) (*connect.Response[v1.CordonNodeResponse], error)
+	// UncordonNode makes the node placeable again.
+	UncordonNode(context.Context, *connect.Request[v1.UncordonNodeRequest]) (*connect.Response[v1.UncordonNodeResponse], error)
+	// DrainNode cordons the node, then waits until its dispatched and running
+	// commands and its pool allocations have ended, or its timeout passes; the
+	// response says what is still there.
+	DrainNode(context.Context, *connect.Request[v1.DrainNodeRequest]) (*connect.Response[v1.DrainNodeResponse], error)
+	// DecommissionNode drains the node and, once it is drained, revokes its
+	// credential as RevokeNode does.
+	DecommissionNode(context.Context, *connect.Request[v1.DecommissionNodeRequest]) (*connect.Response[v1.DecommissionNodeResponse], error)
+	// ListAuditEvents returns the audit trail, newest first, a page at a time.
+	ListAuditEvents(context.Context, *connect.Request[v1.ListAuditEventsRequest]) (*connect.Response[v1.ListAuditEventsResponse], error)
 }
 
 // NewControlServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -622,6 +725,36 @@ func NewControlServiceHandler(svc ControlServiceHandler, opts ...connect.Handler
 		connect.WithSchema(controlServiceMethods.ByName("ListGateways")),
 		connect.WithHandlerOptions(opts...),
 	)
+	controlServiceCordonNodeHandler := connect.NewUnaryHandler(
+		ControlServiceCordonNodeProcedure,
+		svc.CordonNode,
+		connect.WithSchema(controlServiceMethods.ByName("CordonNode")),
+		connect.WithHandlerOptions(opts...),
+	)
+	controlServiceUncordonNodeHandler := connect.NewUnaryHandler(
+		ControlServiceUncordonNodeProcedure,
+		svc.UncordonNode,
+		connect.WithSchema(controlServiceMethods.ByName("UncordonNode")),
+		connect.WithHandlerOptions(opts...),
+	)
+	controlServiceDrainNodeHandler := connect.NewUnaryHandler(
+		ControlServiceDrainNodeProcedure,
+		svc.DrainNode,
+		connect.WithSchema(controlServiceMethods.ByName("DrainNode")),
+		connect.WithHandlerOptions(opts...),
+	)
+	controlServiceDecommissionNodeHandler := connect.NewUnaryHandler(
+		ControlServiceDecommissionNodeProcedure,
+		svc.DecommissionNode,
+		connect.WithSchema(controlServiceMethods.ByName("DecommissionNode")),
+		connect.WithHandlerOptions(opts...),
+	)
+	controlServiceListAuditEventsHandler := connect.NewUnaryHandler(
+		ControlServiceListAuditEventsProcedure,
+		svc.ListAuditEvents,
+		connect.WithSchema(controlServiceMethods.ByName("ListAuditEvents")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/leasehold.control.v1.ControlService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ControlServiceRegisterNodeProcedure:
@@ -668,6 +801,16 @@ func NewControlServiceHandler(svc ControlServiceHandler, opts ...connect.Handler
 			controlServiceListWorkersHandler.ServeHTTP(w, r)
 		case ControlServiceListGatewaysProcedure:
 			controlServiceListGatewaysHandler.ServeHTTP(w, r)
+		case ControlServiceCordonNodeProcedure:
+			controlServiceCordonNodeHandler.ServeHTTP(w, r)
+		case ControlServiceUncordonNodeProcedure:
+			controlServiceUncordonNodeHandler.ServeHTTP(w, r)
+		case ControlServiceDrainNodeProcedure:
+			controlServiceDrainNodeHandler.ServeHTTP(w, r)
+		case ControlServiceDecommissionNodeProcedure:
+			controlServiceDecommissionNodeHandler.ServeHTTP(w, r)
+		case ControlServiceListAuditEventsProcedure:
+			controlServiceListAuditEventsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -763,4 +906,24 @@ func (UnimplementedControlServiceHandler) ListWorkers(context.Context, *connect.
 
 func (UnimplementedControlServiceHandler) ListGateways(context.Context, *connect.Request[v1.ListGatewaysRequest]) (*connect.Response[v1.ListGatewaysResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.ListGateways is not implemented"))
+}
+
+func (UnimplementedControlServiceHandler) CordonNode(context.Context, *connect.Request[v1.CordonNodeRequest]) (*connect.Response[v1.CordonNodeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.CordonNode is not implemented"))
+}
+
+func (UnimplementedControlServiceHandler) UncordonNode(context.Context, *connect.Request[v1.UncordonNodeRequest]) (*connect.Response[v1.UncordonNodeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.UncordonNode is not implemented"))
+}
+
+func (UnimplementedControlServiceHandler) DrainNode(context.Context, *connect.Request[v1.DrainNodeRequest]) (*connect.Response[v1.DrainNodeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.DrainNode is not implemented"))
+}
+
+func (UnimplementedControlServiceHandler) DecommissionNode(context.Context, *connect.Request[v1.DecommissionNodeRequest]) (*connect.Response[v1.DecommissionNodeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.DecommissionNode is not implemented"))
+}
+
+func (UnimplementedControlServiceHandler) ListAuditEvents(context.Context, *connect.Request[v1.ListAuditEventsRequest]) (*connect.Response[v1.ListAuditEventsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.ListAuditEvents is not implemented"))
 }

@@ -10,16 +10,16 @@
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
-import { file_google_protobuf_duration, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { NodeKind } from "../../node/v1/node_pb.js";
 import { file_leasehold_node_v1_node } from "../../node/v1/node_pb.js";
-import type { Message } from "@bufbuild/protobuf";
+import type { JsonObject, Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file leasehold/control/v1/control.proto.
  */
 export const file_leasehold_control_v1_control: GenFile = /*@__PURE__*/
-  fileDesc("CiJsZWFzZWhvbGQvY29udHJvbC92MS9jb250cm9sLnByb3RvEhRsZWFzZWhvbGQuY29udHJvbC52MSLLAwoETm9kZRIKCgJpZBgBIAEoCRIpCgRraW5kGAIgASgOMhsubGVhc2Vob2xkLm5vZGUudjEuTm9kZUtpbmQSDwoHc2l0ZV9pZBgDIAEoCRI2CgZsYWJlbHMYBCADKAsyJi5sZWFzZWhvbGQuY29udHJvbC52MS5Ob2RlLkxhYmVsc0VudHJ5Eg8KB3Bvb2xfaWQYBSABKAkSLgoFc3RhdGUYBiABKA4yHy5sZWFzZWhvbGQuY29udHJvbC52MS5Ob2RlU3RhdGUSFQoNc2Vzc2lvbl9lcG9jaBgHIAEoAxISCgpnYXRld2F5X2lkGAggASgJEhYKDmRhZW1vbl92ZXJzaW9uGAkgASgJEjAKDGxhc3Rfc2Vlbl9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKcmV2b2tlZF9hdBgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASK3AgoHQ29tbWFuZBIKCgJpZBgBIAEoCRIPCgdub2RlX2lkGAIgASgJEgwKBGtpbmQYAyABKAkSDwoHcGF5bG9hZBgEIAEoDBIxCgVzdGF0ZRgFIAEoDjIiLmxlYXNlaG9sZC5jb250cm9sLnYxLkNvbW1hbmRTdGF0ZRIsCghkZWFkbGluZRgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFwoPaWRlbXBvdGVuY3lfa2V5GAcgASgJEhYKDmRpc3BhdGNoX2NvdW50GAggASgFEi4KCmNyZWF0ZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIvoBCg1Db21tYW5kUmVzdWx0EhIKCmNvbW1hbmRfaWQYASABKAkSEQoJcmVzdWx0X2lkGAIgASgJEhEKCWV4aXRfY29kZRgDIAEoBRIOCgZvdXRwdXQYBCABKAwSDQoFZXJyb3IYBSABKAkSLgoKc3RhcnRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZmluaXNoZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3JlY2VpdmVkX2F0GAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLSAQoEUG9vbBIKCgJpZBgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRI2CgZsYWJlbHMYAyADKAsyJi5sZWFzZWhvbGQuY29udHJvbC52MS5Qb29sLkxhYmVsc0VudHJ5EhIKCm5vZGVfY291bnQYBCABKAMSLgoKY3JlYXRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASKbAwoJUG9vbExlYXNlEgoKAmlkGAEgASgJEg8KB3Bvb2xfaWQYAiABKAkSDgoGdGVuYW50GAMgASgJEg0KBWNvdW50GAQgASgFEj8KCHNlbGVjdG9yGAUgAygLMi0ubGVhc2Vob2xkLmNvbnRyb2wudjEuUG9vbExlYXNlLlNlbGVjdG9yRW50cnkSMwoFc3RhdGUYBiABKA4yJC5sZWFzZWhvbGQuY29udHJvbC52MS5Qb29sTGVhc2VTdGF0ZRIaChJhbGxvY2F0ZWRfbm9kZV9pZHMYByADKAkSLgoKY3JlYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLcmVsZWFzZWRfYXQYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wGi8KDVNlbGVjdG9yRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASKRAQoEU2luaxIKCgJpZBgBIAEoCRIsCgRraW5kGAIgASgOMh4ubGVhc2Vob2xkLmNvbnRyb2wudjEuU2lua0tpbmQSCwoDdXJsGAMgASgJEhIKCmhhc19zZWNyZXQYBCABKAgSLgoKY3JlYXRlZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAidAoFTGVhc2USDAoEbmFtZRgBIAEoCRINCgVvd25lchgCIAEoCRINCgVlcG9jaBgDIAEoAxIuCgpleHBpcmVzX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgdleHBpcmVkGAUgASgIIpIBCgZXb3JrZXISCgoCaWQYASABKAkSDQoFZ3JvdXAYAiABKAkSMAoMaGVhcnRiZWF0X2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBItCgpjbG9ja19za2V3GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEgwKBGxpdmUYBSABKAgigAEKB0dhdGV3YXkSCgoCaWQYASABKAkSEwoLbGVhc2VfZXBvY2gYAiABKAMSNAoQbGVhc2VfZXhwaXJlc19hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDAoEbGl2ZRgEIAEoCBIQCghzZXNzaW9ucxgFIAEoAyLpAQoTUmVnaXN0ZXJOb2RlUmVxdWVzdBIPCgdub2RlX2lkGAEgASgJEikKBGtpbmQYAiABKA4yGy5sZWFzZWhvbGQubm9kZS52MS5Ob2RlS2luZBIPCgdzaXRlX2lkGAMgASgJEkUKBmxhYmVscxgEIAMoCzI1LmxlYXNlaG9sZC5jb250cm9sLnYxLlJlZ2lzdGVyTm9kZVJlcXVlc3QuTGFiZWxzRW50cnkSDwoHcG9vbF9pZBgFIAEoCRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIlQKFFJlZ2lzdGVyTm9kZVJlc3BvbnNlEigKBG5vZGUYASABKAsyGi5sZWFzZWhvbGQuY29udHJvbC52MS5Ob2RlEhIKCmNyZWRlbnRpYWwYAiABKAkiJAoRUmV2b2tlTm9kZVJlcXVlc3QSDwoHbm9kZV9pZBgBIAEoCSI+ChJSZXZva2VOb2RlUmVzcG9uc2USKAoEbm9kZRgBIAEoCzIaLmxlYXNlaG9sZC5jb250cm9sLnYxLk5vZGUiIQoOR2V0Tm9kZVJlcXVlc3QSDwoHbm9kZV9pZBgBIAEoCSI7Cg9HZXROb2RlUmVzcG9uc2USKAoEbm9kZRgBIAEoCzIaLmxlYXNlaG9sZC5jb250cm9sLnYxLk5vZGUiegoQTGlzdE5vZGVzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCRIuCgVzdGF0ZRgDIAEoDjIfLmxlYXNlaG9sZC5jb250cm9sLnYxLk5vZGVTdGF0ZRIPCgdwb29sX2lkGAQgASgJIlcKEUxpc3ROb2Rlc1Jlc3BvbnNlEikKBW5vZGVzGAEgAygLMhoubGVhc2Vob2xkLmNvbnRyb2wudjEuTm9kZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkixwEKFENyZWF0ZUNvbW1hbmRSZXF1ZXN0Eg8KB25vZGVfaWQYASABKAkSDAoEa2luZBgCIAEoCRIPCgdwYXlsb2FkGAMgASgMEi4KCGRlYWRsaW5lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEgAEiwKB3RpbWVvdXQYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb25IABIXCg9pZGVtcG90ZW5jeV9rZXkYBiABKAlCCAoGZXhwaXJ5IlgKFUNyZWF0ZUNvbW1hbmRSZXNwb25zZRIuCgdjb21tYW5kGAEgASgLMh0ubGVhc2Vob2xkLmNvbnRyb2wudjEuQ29tbWFuZBIPCgdjcmVhdGVkGAIgASgIIicKEUdldENvbW1hbmRSZXF1ZXN0EhIKCmNvbW1hbmRfaWQYASABKAkieQoSR2V0Q29tbWFuZFJlc3BvbnNlEi4KB2NvbW1hbmQYASABKAsyHS5sZWFzZWhvbGQuY29udHJvbC52MS5Db21tYW5kEjMKBnJlc3VsdBgCIAEoCzIjLmxlYXNlaG9sZC5jb250cm9sLnYxLkNvbW1hbmRSZXN1bHQigAEKE0xpc3RDb21tYW5kc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkSDwoHbm9kZV9pZBgDIAEoCRIxCgVzdGF0ZRgEIAEoDjIiLmxlYXNlaG9sZC5jb250cm9sLnYxLkNvbW1hbmRTdGF0ZSJgChRMaXN0Q29tbWFuZHNSZXNwb25zZRIvCghjb21tYW5kcxgBIAMoCzIdLmxlYXNlaG9sZC5jb250cm9sLnYxLkNvbW1hbmQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIioKFENhbmNlbENvbW1hbmRSZXF1ZXN0EhIKCmNvbW1hbmRfaWQYASABKAkiRwoVQ2FuY2VsQ29tbWFuZFJlc3BvbnNlEi4KB2NvbW1hbmQYASABKAsyHS5sZWFzZWhvbGQuY29udHJvbC52MS5Db21tYW5kIlQKEldhaXRDb21tYW5kUmVxdWVzdBISCgpjb21tYW5kX2lkGAEgASgJEioKB3RpbWVvdXQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iegoTV2FpdENvbW1hbmRSZXNwb25zZRIuCgdjb21tYW5kGAEgASgLMh0ubGVhc2Vob2xkLmNvbnRyb2wudjEuQ29tbWFuZBIzCgZyZXN1bHQYAiABKAsyIy5sZWFzZWhvbGQuY29udHJvbC52MS5Db21tYW5kUmVzdWx0Iq0BChFDcmVhdGVQb29sUmVxdWVzdBIPCgdwb29sX2lkGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEkMKBmxhYmVscxgDIAMoCzIzLmxlYXNlaG9sZC5jb250cm9sLnYxLkNyZWF0ZVBvb2xSZXF1ZXN0LkxhYmVsc0VudHJ5Gi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiPgoSQ3JlYXRlUG9vbFJlc3BvbnNlEigKBHBvb2wYASABKAsyGi5sZWFzZWhvbGQuY29udHJvbC52MS5Qb29sIiEKDkdldFBvb2xSZXF1ZXN0Eg8KB3Bvb2xfaWQYASABKAkiOwoPR2V0UG9vbFJlc3BvbnNlEigKBHBvb2wYASABKAsyGi5sZWFzZWhvbGQuY29udHJvbC52MS5Qb29sIjkKEExpc3RQb29sc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiVwoRTGlzdFBvb2xzUmVzcG9uc2USKQoFcG9vbHMYASADKAsyGi5sZWFzZWhvbGQuY29udHJvbC52MS5Qb29sEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSLHAQoWQ3JlYXRlUG9vbExlYXNlUmVxdWVzdBIPCgdwb29sX2lkGAEgASgJEg4KBnRlbmFudBgCIAEoCRINCgVjb3VudBgDIAEoBRJMCghzZWxlY3RvchgEIAMoCzI6LmxlYXNlaG9sZC5jb250cm9sLnYxLkNyZWF0ZVBvb2xMZWFzZVJlcXVlc3QuU2VsZWN0b3JFbnRyeRovCg1TZWxlY3RvckVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiTgoXQ3JlYXRlUG9vbExlYXNlUmVzcG9uc2USMwoKcG9vbF9sZWFzZRgBIAEoCzIfLmxlYXNlaG9sZC5jb250cm9sLnYxLlBvb2xMZWFzZSIsChNHZXRQb29sTGVhc2VSZXF1ZXN0EhUKDXBvb2xfbGVhc2VfaWQYASABKAkiSwoUR2V0UG9vbExlYXNlUmVzcG9uc2USMwoKcG9vbF9sZWFzZRgBIAEoCzIfLmxlYXNlaG9sZC5jb250cm9sLnYxLlBvb2xMZWFzZSKUAQoVTGlzdFBvb2xMZWFzZXNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJEg8KB3Bvb2xfaWQYAyABKAkSDgoGdGVuYW50GAQgASgJEjMKBXN0YXRlGAUgASgOMiQubGVhc2Vob2xkLmNvbnRyb2wudjEuUG9vbExlYXNlU3RhdGUiZwoWTGlzdFBvb2xMZWFzZXNSZXNwb25zZRI0Cgtwb29sX2xlYXNlcxgBIAMoCzIfLmxlYXNlaG9sZC5jb250cm9sLnYxLlBvb2xMZWFzZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiMAoXUmVsZWFzZVBvb2xMZWFzZVJlcXVlc3QSFQoNcG9vbF9sZWFzZV9pZBgBIAEoCSJPChhSZWxlYXNlUG9vbExlYXNlUmVzcG9uc2USMwoKcG9vbF9sZWFzZRgBIAEoCzIfLmxlYXNlaG9sZC5jb250cm9sLnYxLlBvb2xMZWFzZSJvChFDcmVhdGVTaW5rUmVxdWVzdBIPCgdzaW5rX2lkGAEgASgJEiwKBGtpbmQYAiABKA4yHi5sZWFzZWhvbGQuY29udHJvbC52MS5TaW5rS2luZBILCgN1cmwYAyABKAkSDgoGc2VjcmV0GAQgASgJIj4KEkNyZWF0ZVNpbmtSZXNwb25zZRIoCgRzaW5rGAEgASgLMhoubGVhc2Vob2xkLmNvbnRyb2wudjEuU2luayISChBMaXN0U2lua3NSZXF1ZXN0Ij4KEUxpc3RTaW5rc1Jlc3BvbnNlEikKBXNpbmtzGAEgAygLMhoubGVhc2Vob2xkLmNvbnRyb2wudjEuU2luayIkChFEZWxldGVTaW5rUmVxdWVzdBIPCgdzaW5rX2lkGAEgASgJIhQKEkRlbGV0ZVNpbmtSZXNwb25zZSJPChFMaXN0TGVhc2VzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCRITCgtuYW1lX3ByZWZpeBgDIAEoCSJaChJMaXN0TGVhc2VzUmVzcG9uc2USKwoGbGVhc2VzGAEgAygLMhsubGVhc2Vob2xkLmNvbnRyb2wudjEuTGVhc2USFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIiMKEkxpc3RXb3JrZXJzUmVxdWVzdBINCgVncm91cBgBIAEoCSJEChNMaXN0V29ya2Vyc1Jlc3BvbnNlEi0KB3dvcmtlcnMYASADKAsyHC5sZWFzZWhvbGQuY29udHJvbC52MS5Xb3JrZXIiFQoTTGlzdEdhdGV3YXlzUmVxdWVzdCJHChRMaXN0R2F0ZXdheXNSZXNwb25zZRIvCghnYXRld2F5cxgBIAMoCzIdLmxlYXNlaG9sZC5jb250cm9sLnYxLkdhdGV3YXkqrQEKCU5vZGVTdGF0ZRIaChZOT0RFX1NUQVRFX1VOU1BFQ0lGSUVEEAASGQoVTk9ERV9TVEFURV9SRUdJU1RFUkVEEAESGAoUTk9ERV9TVEFURV9DT05ORUNURUQQAhIbChdOT0RFX1NUQVRFX0RJU0NPTk5FQ1RFRBADEhoKFk5PREVfU1RBVEVfVU5SRUFDSEFCTEUQBBIWChJOT0RFX1NUQVRFX1JFVk9LRUQQBSrwAQoMQ29tbWFuZFN0YXRlEh0KGUNPTU1BTkRfU1RBVEVfVU5TUEVDSUZJRUQQABIZChVDT01NQU5EX1NUQVRFX1BFTkRJTkcQARIcChhDT01NQU5EX1NUQVRFX0RJU1BBVENIRUQQAhIZChVDT01NQU5EX1NUQVRFX1JVTk5JTkcQAxIbChdDT01NQU5EX1NUQVRFX1NVQ0NFRURFRBAEEhgKFENPTU1BTkRfU1RBVEVfRkFJTEVEEAUSGwoXQ09NTUFORF9TVEFURV9DQU5DRUxMRUQQBhIZChVDT01NQU5EX1NUQVRFX0VYUElSRUQQByqPAQoOUG9vbExlYXNlU3RhdGUSIAocUE9PTF9MRUFTRV9TVEFURV9VTlNQRUNJRklFRBAAEhwKGFBPT0xfTEVBU0VfU1RBVEVfUEVORElORxABEh4KGlBPT0xfTEVBU0VfU1RBVEVfQUxMT0NBVEVEEAISHQoZUE9PTF9MRUFTRV9TVEFURV9SRUxFQVNFRBADKjwKCFNpbmtLaW5kEhkKFVNJTktfS0lORF9VTlNQRUNJRklFRBAAEhUKEVNJTktfS0lORF9XRUJIT09LEAEyqBEKDkNvbnRyb2xTZXJ2aWNlEmUKDFJlZ2lzdGVyTm9kZRIpLmxlYXNlaG9sZC5jb250cm9sLnYxLlJlZ2lzdGVyTm9kZVJlcXVlc3QaKi5sZWFzZWhvbGQuY29udHJvbC52MS5SZWdpc3Rlck5vZGVSZXNwb25zZRJfCgpSZXZva2VOb2RlEicubGVhc2Vob2xkLmNvbnRyb2wudjEuUmV2b2tlTm9kZVJlcXVlc3QaKC5sZWFzZWhvbGQuY29udHJvbC52MS5SZXZva2VOb2RlUmVzcG9uc2USVgoHR2V0Tm9kZRIkLmxlYXNlaG9sZC5jb250cm9sLnYxLkdldE5vZGVSZXF1ZXN0GiUubGVhc2Vob2xkLmNvbnRyb2wudjEuR2V0Tm9kZVJlc3BvbnNlElwKCUxpc3ROb2RlcxImLmxlYXNlaG9sZC5jb250cm9sLnYxLkxpc3ROb2Rlc1JlcXVlc3QaJy5sZWFzZWhvbGQuY29udHJvbC52MS5MaXN0Tm9kZXNSZXNwb25zZRJoCg1DcmVhdGVDb21tYW5kEioubGVhc2Vob2xkLmNvbnRyb2wudjEuQ3JlYXRlQ29tbWFuZFJlcXVlc3QaKy5sZWFzZWhvbGQuY29udHJvbC52MS5DcmVhdGVDb21tYW5kUmVzcG9uc2USXwoKR2V0Q29tbWFuZBInLmxlYXNlaG9sZC5jb250cm9sLnYxLkdldENvbW1hbmRSZXF1ZXN0GigubGVhc2Vob2xkLmNvbnRyb2wudjEuR2V0Q29tbWFuZFJlc3BvbnNlEmUKDExpc3RDb21tYW5kcxIpLmxlYXNlaG9sZC5jb250cm9sLnYxLkxpc3RDb21tYW5kc1JlcXVlc3QaKi5sZWFzZWhvbGQuY29udHJvbC52MS5MaXN0Q29tbWFuZHNSZXNwb25zZRJoCg1DYW5jZWxDb21tYW5kEioubGVhc2Vob2xkLmNvbnRyb2wudjEuQ2FuY2VsQ29tbWFuZFJlcXVlc3QaKy5sZWFzZWhvbGQuY29udHJvbC52MS5DYW5jZWxDb21tYW5kUmVzcG9uc2USYgoLV2FpdENvbW1hbmQSKC5sZWFzZWhvbGQuY29udHJvbC52MS5XYWl0Q29tbWFuZFJlcXVlc3QaKS5sZWFzZWhvbGQuY29udHJvbC52MS5XYWl0Q29tbWFuZFJlc3BvbnNlEl8KCkNyZWF0ZVBvb2wSJy5sZWFzZWhvbGQuY29udHJvbC52MS5DcmVhdGVQb29sUmVxdWVzdBooLmxlYXNlaG9sZC5jb250cm9sLnYxLkNyZWF0ZVBvb2xSZXNwb25zZRJWCgdHZXRQb29sEiQubGVhc2Vob2xkLmNvbnRyb2wudjEuR2V0UG9vbFJlcXVlc3QaJS5sZWFzZWhvbGQuY29udHJvbC52MS5HZXRQb29sUmVzcG9uc2USXAoJTGlzdFBvb2xzEiYubGVhc2Vob2xkLmNvbnRyb2wudjEuTGlzdFBvb2xzUmVxdWVzdBonLmxlYXNlaG9sZC5jb250cm9sLnYxLkxpc3RQb29sc1Jlc3BvbnNlEm4KD0NyZWF0ZVBvb2xMZWFzZRIsLmxlYXNlaG9sZC5jb250cm9sLnYxLkNyZWF0ZVBvb2xMZWFzZVJlcXVlc3QaLS5sZWFzZWhvbGQuY29udHJvbC52MS5DcmVhdGVQb29sTGVhc2VSZXNwb25zZRJlCgxHZXRQb29sTGVhc2USKS5sZWFzZWhvbGQuY29udHJvbC52MS5HZXRQb29sTGVhc2VSZXF1ZXN0GioubGVhc2Vob2xkLmNvbnRyb2wudjEuR2V0UG9vbExlYXNlUmVzcG9uc2USawoOTGlzdFBvb2xMZWFzZXMSKy5sZWFzZWhvbGQuY29udHJvbC52MS5MaXN0UG9vbExlYXNlc1JlcXVlc3QaLC5sZWFzZWhvbGQuY29udHJvbC52MS5MaXN0UG9vbExlYXNlc1Jlc3BvbnNlEnEKEFJlbGVhc2VQb29sTGVhc2USLS5sZWFzZWhvbGQuY29udHJvbC52MS5SZWxlYXNlUG9vbExlYXNlUmVxdWVzdBouLmxlYXNlaG9sZC5jb250cm9sLnYxLlJlbGVhc2VQb29sTGVhc2VSZXNwb25zZRJfCgpDcmVhdGVTaW5rEicubGVhc2Vob2xkLmNvbnRyb2wudjEuQ3JlYXRlU2lua1JlcXVlc3QaKC5sZWFzZWhvbGQuY29udHJvbC52MS5DcmVhdGVTaW5rUmVzcG9uc2USXAoJTGlzdFNpbmtzEiYubGVhc2Vob2xkLmNvbnRyb2wudjEuTGlzdFNpbmtzUmVxdWVzdBonLmxlYXNlaG9sZC5jb250cm9sLnYxLkxpc3RTaW5rc1Jlc3BvbnNlEl8KCkRlbGV0ZVNpbmsSJy5sZWFzZWhvbGQuY29udHJvbC52MS5EZWxldGVTaW5rUmVxdWVzdBooLmxlYXNlaG9sZC5jb250cm9sLnYxLkRlbGV0ZVNpbmtSZXNwb25zZRJfCgpMaXN0TGVhc2VzEicubGVhc2Vob2xkLmNvbnRyb2wudjEuTGlzdExlYXNlc1JlcXVlc3QaKC5sZWFzZWhvbGQuY29udHJvbC52MS5MaXN0TGVhc2VzUmVzcG9uc2USYgoLTGlzdFdvcmtlcnMSKC5sZWFzZWhvbGQuY29udHJvbC52MS5MaXN0V29ya2Vyc1JlcXVlc3QaKS5sZWFzZWhvbGQuY29udHJvbC52MS5MaXN0V29ya2Vyc1Jlc3BvbnNlEmUKDExpc3RHYXRld2F5cxIpLmxlYXNlaG9sZC5jb250cm9sLnYxLkxpc3RHYXRld2F5c1JlcXVlc3QaKi5sZWFzZWhvbGQuY29udHJvbC52MS5MaXN0R2F0ZXdheXNSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_leasehold_node_v1_node]);
+  fileDesc("CiJsZWFzZWhvbGQvY29udHJvbC92MS9jb250cm9sLnByb3RvEhRsZWFzZWhvbGQuY29udHJvbC52MSKOBAoETm9kZRIKCgJpZBgBIAEoCRIpCgRraW5kGAIgASgOMhsubGVhc2Vob2xkLm5vZGUudjEuTm9kZUtpbmQSDwoHc2l0ZV9pZBgDIAEoCRI2CgZsYWJlbHMYBCADKAsyJi5sZWFzZWhvbGQuY29udHJvbC52MS5Ob2RlLkxhYmVsc0VudHJ5Eg8KB3Bvb2xfaWQYBSABKAkSLgoFc3RhdGUYBiABKA4yHy5sZWFzZWhvbGQuY29udHJvbC52MS5Ob2RlU3RhdGUSFQoNc2Vzc2lvbl9lcG9jaBgHIAEoAxISCgpnYXRld2F5X2lkGAggASgJEhYKDmRhZW1vbl92ZXJzaW9uGAkgASgJEjAKDGxhc3Rfc2Vlbl9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKY3JlYXRlZF9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKcmV2b2tlZF9hdBgMIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIY29yZG9uZWQYFCABKAgSLwoLY29yZG9uZWRfYXQYFSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEitwIKB0NvbW1hbmQSCgoCaWQYASABKAkSDwoHbm9kZV9pZBgCIAEoCRIMCgRraW5kGAMgASgJEg8KB3BheWxvYWQYBCABKAwSMQoFc3RhdGUYBSABKA4yIi5sZWFzZWhvbGQuY29udHJvbC52MS5Db21tYW5kU3RhdGUSLAoIZGVhZGxpbmUYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhcKD2lkZW1wb3RlbmN5X2tleRgHIAEoCRIWCg5kaXNwYXRjaF9jb3VudBgIIAEoBRIuCgpjcmVhdGVkX2F0GAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCL6AQoNQ29tbWFuZFJlc3VsdBISCgpjb21tYW5kX2lkGAEgASgJEhEKCXJlc3VsdF9pZBgCIAEoCRIRCglleGl0X2NvZGUYAyABKAUSDgoGb3V0cHV0GAQgASgMEg0KBWVycm9yGAUgASgJEi4KCnN0YXJ0ZWRfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtyZWNlaXZlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAi0gEKBFBvb2wSCgoCaWQYASABKAkSEwoLZGVzY3JpcHRpb24YAiABKAkSNgoGbGFiZWxzGAMgAygLMiYubGVhc2Vob2xkLmNvbnRyb2wudjEuUG9vbC5MYWJlbHNFbnRyeRISCgpub2RlX2NvdW50GAQgASgDEi4KCmNyZWF0ZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEimwMKCVBvb2xMZWFzZRIKCgJpZBgBIAEoCRIPCgdwb29sX2lkGAIgASgJEg4KBnRlbmFudBgDIAEoCRINCgVjb3VudBgEIAEoBRI/CghzZWxlY3RvchgFIAMoCzItLmxlYXNlaG9sZC5jb250cm9sLnYxLlBvb2xMZWFzZS5TZWxlY3RvckVudHJ5EjMKBXN0YXRlGAYgASgOMiQubGVhc2Vob2xkLmNvbnRyb2wudjEuUG9vbExlYXNlU3RhdGUSGgoSYWxsb2NhdGVkX25vZGVfaWRzGAcgAygJEi4KCmNyZWF0ZWRfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3JlbGVhc2VkX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBovCg1TZWxlY3RvckVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEikQEKBFNpbmsSCgoCaWQYASABKAkSLAoEa2luZBgCIAEoDjIeLmxlYXNlaG9sZC5jb250cm9sLnYxLlNpbmtLaW5kEgsKA3VybBgDIAEoCRISCgpoYXNfc2VjcmV0GAQgASgIEi4KCmNyZWF0ZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wInQKBUxlYXNlEgwKBG5hbWUYASABKAkSDQoFb3duZXIYAiABKAkSDQoFZXBvY2gYAyABKAMSLgoKZXhwaXJlc19hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHZXhwaXJlZBgFIAEoCCKSAQoGV29ya2VyEgoKAmlkGAEgASgJEg0KBWdyb3VwGAIgASgJEjAKDGhlYXJ0YmVhdF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLQoKY2xvY2tfc2tldxgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIMCgRsaXZlGAUgASgIIoABCgdHYXRld2F5EgoKAmlkGAEgASgJEhMKC2xlYXNlX2Vwb2NoGAIgASgDEjQKEGxlYXNlX2V4cGlyZXNfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEgwKBGxpdmUYBCABKAgSEAoIc2Vzc2lvbnMYBSABKAMi6QEKE1JlZ2lzdGVyTm9kZVJlcXVlc3QSDwoHbm9kZV9pZBgBIAEoCRIpCgRraW5kGAIgASgOMhsubGVhc2Vob2xkLm5vZGUudjEuTm9kZUtpbmQSDwoHc2l0ZV9pZBgDIAEoCRJFCgZsYWJlbHMYBCADKAsyNS5sZWFzZWhvbGQuY29udHJvbC52MS5SZWdpc3Rlck5vZGVSZXF1ZXN0LkxhYmVsc0VudHJ5Eg8KB3Bvb2xfaWQYBSABKAkaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJUChRSZWdpc3Rlck5vZGVSZXNwb25zZRIoCgRub2RlGAEgASgLMhoubGVhc2Vob2xkLmNvbnRyb2wudjEuTm9kZRISCgpjcmVkZW50aWFsGAIgASgJIiQKEVJldm9rZU5vZGVSZXF1ZXN0Eg8KB25vZGVfaWQYASABKAkiPgoSUmV2b2tlTm9kZVJlc3BvbnNlEigKBG5vZGUYASABKAsyGi5sZWFzZWhvbGQuY29udHJvbC52MS5Ob2RlIiEKDkdldE5vZGVSZXF1ZXN0Eg8KB25vZGVfaWQYASABKAkiOwoPR2V0Tm9kZVJlc3BvbnNlEigKBG5vZGUYASABKAsyGi5sZWFzZWhvbGQuY29udHJvbC52MS5Ob2RlIpEBChBMaXN0Tm9kZXNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJEi4KBXN0YXRlGAMgASgOMh8ubGVhc2Vob2xkLmNvbnRyb2wudjEuTm9kZVN0YXRlEg8KB3Bvb2xfaWQYBCABKAkSFQoNY29yZG9uZWRfb25seRgFIAEoCCJXChFMaXN0Tm9kZXNSZXNwb25zZRIpCgVub2RlcxgBIAMoCzIaLmxlYXNlaG9sZC5jb250cm9sLnYxLk5vZGUSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIscBChRDcmVhdGVDb21tYW5kUmVxdWVzdBIPCgdub2RlX2lkGAEgASgJEgwKBGtpbmQYAiABKAkSDwoHcGF5bG9hZBgDIAEoDBIuCghkZWFkbGluZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBIABIsCgd0aW1lb3V0GAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uSAASFwoPaWRlbXBvdGVuY3lfa2V5GAYgASgJQggKBmV4cGlyeSJYChVDcmVhdGVDb21tYW5kUmVzcG9uc2USLgoHY29tbWFuZBgBIAEoCzIdLmxlYXNlaG9sZC5jb250cm9sLnYxLkNvbW1hbmQSDwoHY3JlYXRlZBgCIAEoCCInChFHZXRDb21tYW5kUmVxdWVzdBISCgpjb21tYW5kX2lkGAEgASgJInkKEkdldENvbW1hbmRSZXNwb25zZRIuCgdjb21tYW5kGAEgASgLMh0ubGVhc2Vob2xkLmNvbnRyb2wudjEuQ29tbWFuZBIzCgZyZXN1bHQYAiABKAsyIy5sZWFzZWhvbGQuY29udHJvbC52MS5Db21tYW5kUmVzdWx0IoABChNMaXN0Q29tbWFuZHNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJEg8KB25vZGVfaWQYAyABKAkSMQoFc3RhdGUYBCABKA4yIi5sZWFzZWhvbGQuY29udHJvbC52MS5Db21tYW5kU3RhdGUiYAoUTGlzdENvbW1hbmRzUmVzcG9uc2USLwoIY29tbWFuZHMYASADKAsyHS5sZWFzZWhvbGQuY29udHJvbC52MS5Db21tYW5kEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIqChRDYW5jZWxDb21tYW5kUmVxdWVzdBISCgpjb21tYW5kX2lkGAEgASgJIkcKFUNhbmNlbENvbW1hbmRSZXNwb25zZRIuCgdjb21tYW5kGAEgASgLMh0ubGVhc2Vob2xkLmNvbnRyb2wudjEuQ29tbWFuZCJUChJXYWl0Q29tbWFuZFJlcXVlc3QSEgoKY29tbWFuZF9pZBgBIAEoCRIqCgd0aW1lb3V0GAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uInoKE1dhaXRDb21tYW5kUmVzcG9uc2USLgoHY29tbWFuZBgBIAEoCzIdLmxlYXNlaG9sZC5jb250cm9sLnYxLkNvbW1hbmQSMwoGcmVzdWx0GAIgASgLMiMubGVhc2Vob2xkLmNvbnRyb2wudjEuQ29tbWFuZFJlc3VsdCKtAQoRQ3JlYXRlUG9vbFJlcXVlc3QSDwoHcG9vbF9pZBgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRJDCgZsYWJlbHMYAyADKAsyMy5sZWFzZWhvbGQuY29udHJvbC52MS5DcmVhdGVQb29sUmVxdWVzdC5MYWJlbHNFbnRyeRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIj4KEkNyZWF0ZVBvb2xSZXNwb25zZRIoCgRwb29sGAEgASgLMhoubGVhc2Vob2xkLmNvbnRyb2wudjEuUG9vbCIhCg5HZXRQb29sUmVxdWVzdBIPCgdwb29sX2lkGAEgASgJIjsKD0dldFBvb2xSZXNwb25zZRIoCgRwb29sGAEgASgLMhoubGVhc2Vob2xkLmNvbnRyb2wudjEuUG9vbCI5ChBMaXN0UG9vbHNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoBRISCgpwYWdlX3Rva2VuGAIgASgJIlcKEUxpc3RQb29sc1Jlc3BvbnNlEikKBXBvb2xzGAEgAygLMhoubGVhc2Vob2xkLmNvbnRyb2wudjEuUG9vbBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkixwEKFkNyZWF0ZVBvb2xMZWFzZVJlcXVlc3QSDwoHcG9vbF9pZBgBIAEoCRIOCgZ0ZW5hbnQYAiABKAkSDQoFY291bnQYAyABKAUSTAoIc2VsZWN0b3IYBCADKAsyOi5sZWFzZWhvbGQuY29udHJvbC52MS5DcmVhdGVQb29sTGVhc2VSZXF1ZXN0LlNlbGVjdG9yRW50cnkaLwoNU2VsZWN0b3JFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIk4KF0NyZWF0ZVBvb2xMZWFzZVJlc3BvbnNlEjMKCnBvb2xfbGVhc2UYASABKAsyHy5sZWFzZWhvbGQuY29udHJvbC52MS5Qb29sTGVhc2UiLAoTR2V0UG9vbExlYXNlUmVxdWVzdBIVCg1wb29sX2xlYXNlX2lkGAEgASgJIksKFEdldFBvb2xMZWFzZVJlc3BvbnNlEjMKCnBvb2xfbGVhc2UYASABKAsyHy5sZWFzZWhvbGQuY29udHJvbC52MS5Qb29sTGVhc2UilAEKFUxpc3RQb29sTGVhc2VzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCRIPCgdwb29sX2lkGAMgASgJEg4KBnRlbmFudBgEIAEoCRIzCgVzdGF0ZRgFIAEoDjIkLmxlYXNlaG9sZC5jb250cm9sLnYxLlBvb2xMZWFzZVN0YXRlImcKFkxpc3RQb29sTGVhc2VzUmVzcG9uc2USNAoLcG9vbF9sZWFzZXMYASADKAsyHy5sZWFzZWhvbGQuY29udHJvbC52MS5Qb29sTGVhc2USFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjAKF1JlbGVhc2VQb29sTGVhc2VSZXF1ZXN0EhUKDXBvb2xfbGVhc2VfaWQYASABKAkiTwoYUmVsZWFzZVBvb2xMZWFzZVJlc3BvbnNlEjMKCnBvb2xfbGVhc2UYASABKAsyHy5sZWFzZWhvbGQuY29udHJvbC52MS5Qb29sTGVhc2UibwoRQ3JlYXRlU2lua1JlcXVlc3QSDwoHc2lua19pZBgBIAEoCRIsCgRraW5kGAIgASgOMh4ubGVhc2Vob2xkLmNvbnRyb2wudjEuU2lua0tpbmQSCwoDdXJsGAMgASgJEg4KBnNlY3JldBgEIAEoCSI+ChJDcmVhdGVTaW5rUmVzcG9uc2USKAoEc2luaxgBIAEoCzIaLmxlYXNlaG9sZC5jb250cm9sLnYxLlNpbmsiEgoQTGlzdFNpbmtzUmVxdWVzdCI+ChFMaXN0U2lua3NSZXNwb25zZRIpCgVzaW5rcxgBIAMoCzIaLmxlYXNlaG9sZC5jb250cm9sLnYxLlNpbmsiJAoRRGVsZXRlU2lua1JlcXVlc3QSDwoHc2lua19pZBgBIAEoCSIUChJEZWxldGVTaW5rUmVzcG9uc2UiTwoRTGlzdExlYXNlc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkSEwoLbmFtZV9wcmVmaXgYAyABKAkiWgoSTGlzdExlYXNlc1Jlc3BvbnNlEisKBmxlYXNlcxgBIAMoCzIbLmxlYXNlaG9sZC5jb250cm9sLnYxLkxlYXNlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIjChJMaXN0V29ya2Vyc1JlcXVlc3QSDQoFZ3JvdXAYASABKAkiRAoTTGlzdFdvcmtlcnNSZXNwb25zZRItCgd3b3JrZXJzGAEgAygLMhwubGVhc2Vob2xkLmNvbnRyb2wudjEuV29ya2VyIhUKE0xpc3RHYXRld2F5c1JlcXVlc3QiRwoUTGlzdEdhdGV3YXlzUmVzcG9uc2USLwoIZ2F0ZXdheXMYASADKAsyHS5sZWFzZWhvbGQuY29udHJvbC52MS5HYXRld2F5IjQKEUNvcmRvbk5vZGVSZXF1ZXN0Eg8KB25vZGVfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIj4KEkNvcmRvbk5vZGVSZXNwb25zZRIoCgRub2RlGAEgASgLMhoubGVhc2Vob2xkLmNvbnRyb2wudjEuTm9kZSImChNVbmNvcmRvbk5vZGVSZXF1ZXN0Eg8KB25vZGVfaWQYASABKAkiQAoUVW5jb3Jkb25Ob2RlUmVzcG9uc2USKAoEbm9kZRgBIAEoCzIaLmxlYXNlaG9sZC5jb250cm9sLnYxLk5vZGUiXwoQRHJhaW5Ob2RlUmVxdWVzdBIPCgdub2RlX2lkGAEgASgJEioKB3RpbWVvdXQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGcmVhc29uGAMgASgJIoMBChFEcmFpbk5vZGVSZXNwb25zZRIoCgRub2RlGAEgASgLMhoubGVhc2Vob2xkLmNvbnRyb2wudjEuTm9kZRIPCgdkcmFpbmVkGAIgASgIEhsKE3J1bm5pbmdfY29tbWFuZF9pZHMYAyADKAkSFgoOcG9vbF9sZWFzZV9pZHMYBCADKAkiZgoXRGVjb21taXNzaW9uTm9kZVJlcXVlc3QSDwoHbm9kZV9pZBgBIAEoCRIqCgd0aW1lb3V0GAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBnJlYXNvbhgDIAEoCSKRAQoYRGVjb21taXNzaW9uTm9kZVJlc3BvbnNlEigKBG5vZGUYASABKAsyGi5sZWFzZWhvbGQuY29udHJvbC52MS5Ob2RlEhYKDmRlY29tbWlzc2lvbmVkGAIgASgIEhsKE3J1bm5pbmdfY29tbWFuZF9pZHMYAyADKAkSFgoOcG9vbF9sZWFzZV9pZHMYBCADKAkizwEKCkF1ZGl0RXZlbnQSCgoCaWQYASABKAMSJgoCYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg0KBWFjdG9yGAMgASgJEgwKBHJvbGUYBCABKAkSDgoGbWV0aG9kGAUgASgJEhMKC3RhcmdldF9raW5kGAYgASgJEhEKCXRhcmdldF9pZBgHIAEoCRIPCgdvdXRjb21lGAggASgJEicKBmRldGFpbBgJIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3Qi3AEKFkxpc3RBdWRpdEV2ZW50c1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkSDQoFYWN0b3IYAyABKAkSDgoGbWV0aG9kGAQgASgJEhMKC3RhcmdldF9raW5kGAUgASgJEhEKCXRhcmdldF9pZBgGIAEoCRIpCgVzaW5jZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKQoFdW50aWwYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wImQKF0xpc3RBdWRpdEV2ZW50c1Jlc3BvbnNlEjAKBmV2ZW50cxgBIAMoCzIgLmxlYXNlaG9sZC5jb250cm9sLnYxLkF1ZGl0RXZlbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJKq0BCglOb2RlU3RhdGUSGgoWTk9ERV9TVEFURV9VTlNQRUNJRklFRBAAEhkKFU5PREVfU1RBVEVfUkVHSVNURVJFRBABEhgKFE5PREVfU1RBVEVfQ09OTkVDVEVEEAISGwoXTk9ERV9TVEFURV9ESVNDT05ORUNURUQQAxIaChZOT0RFX1NUQVRFX1VOUkVBQ0hBQkxFEAQSFgoSTk9ERV9TVEFURV9SRVZPS0VEEAUq8AEKDENvbW1hbmRTdGF0ZRIdChlDT01NQU5EX1NUQVRFX1VOU1BFQ0lGSUVEEAASGQoVQ09NTUFORF9TVEFURV9QRU5ESU5HEAESHAoYQ09NTUFORF9TVEFURV9ESVNQQVRDSEVEEAISGQoVQ09NTUFORF9TVEFURV9SVU5OSU5HEAMSGwoXQ09NTUFORF9TVEFURV9TVUNDRUVERUQQBBIYChRDT01NQU5EX1NUQVRFX0ZBSUxFRBAFEhsKF0NPTU1BTkRfU1RBVEVfQ0FOQ0VMTEVEEAYSGQoVQ09NTUFORF9TVEFURV9FWFBJUkVEEAcqjwEKDlBvb2xMZWFzZVN0YXRlEiAKHFBPT0xfTEVBU0VfU1RBVEVfVU5TUEVDSUZJRUQQABIcChhQT09MX0xFQVNFX1NUQVRFX1BFTkRJTkcQARIeChpQT09MX0xFQVNFX1NUQVRFX0FMTE9DQVRFRBACEh0KGVBPT0xfTEVBU0VfU1RBVEVfUkVMRUFTRUQQAyo8CghTaW5rS2luZBIZChVTSU5LX0tJTkRfVU5TUEVDSUZJRUQQABIVChFTSU5LX0tJTkRfV0VCSE9PSxABMrEVCg5Db250cm9sU2VydmljZRJlCgxSZWdpc3Rlck5vZGUSKS5sZWFzZWhvbGQuY29udHJvbC52MS5SZWdpc3Rlck5vZGVSZXF1ZXN0GioubGVhc2Vob2xkLmNvbnRyb2wudjEuUmVnaXN0ZXJOb2RlUmVzcG9uc2USXwoKUmV2b2tlTm9kZRInLmxlYXNlaG9sZC5jb250cm9sLnYxLlJldm9rZU5vZGVSZXF1ZXN0GigubGVhc2Vob2xkLmNvbnRyb2wudjEuUmV2b2tlTm9kZVJlc3BvbnNlElYKB0dldE5vZGUSJC5sZWFzZWhvbGQuY29udHJvbC52MS5HZXROb2RlUmVxdWVzdBolLmxlYXNlaG9sZC5jb250cm9sLnYxLkdldE5vZGVSZXNwb25zZRJcCglMaXN0Tm9kZXMSJi5sZWFzZWhvbGQuY29udHJvbC52MS5MaXN0Tm9kZXNSZXF1ZXN0GicubGVhc2Vob2xkLmNvbnRyb2wudjEuTGlzdE5vZGVzUmVzcG9uc2USaAoNQ3JlYXRlQ29tbWFuZBIqLmxlYXNlaG9sZC5jb250cm9sLnYxLkNyZWF0ZUNvbW1hbmRSZXF1ZXN0GisubGVhc2Vob2xkLmNvbnRyb2wudjEuQ3JlYXRlQ29tbWFuZFJlc3BvbnNlEl8KCkdldENvbW1hbmQSJy5sZWFzZWhvbGQuY29udHJvbC52MS5HZXRDb21tYW5kUmVxdWVzdBooLmxlYXNlaG9sZC5jb250cm9sLnYxLkdldENvbW1hbmRSZXNwb25zZRJlCgxMaXN0Q29tbWFuZHMSKS5sZWFzZWhvbGQuY29udHJvbC52MS5MaXN0Q29tbWFuZHNSZXF1ZXN0GioubGVhc2Vob2xkLmNvbnRyb2wudjEuTGlzdENvbW1hbmRzUmVzcG9uc2USaAoNQ2FuY2VsQ29tbWFuZBIqLmxlYXNlaG9sZC5jb250cm9sLnYxLkNhbmNlbENvbW1hbmRSZXF1ZXN0GisubGVhc2Vob2xkLmNvbnRyb2wudjEuQ2FuY2VsQ29tbWFuZFJlc3BvbnNlEmIKC1dhaXRDb21tYW5kEigubGVhc2Vob2xkLmNvbnRyb2wudjEuV2FpdENvbW1hbmRSZXF1ZXN0GikubGVhc2Vob2xkLmNvbnRyb2wudjEuV2FpdENvbW1hbmRSZXNwb25zZRJfCgpDcmVhdGVQb29sEicubGVhc2Vob2xkLmNvbnRyb2wudjEuQ3JlYXRlUG9vbFJlcXVlc3QaKC5sZWFzZWhvbGQuY29udHJvbC52MS5DcmVhdGVQb29sUmVzcG9uc2USVgoHR2V0UG9vbBIkLmxlYXNlaG9sZC5jb250cm9sLnYxLkdldFBvb2xSZXF1ZXN0GiUubGVhc2Vob2xkLmNvbnRyb2wudjEuR2V0UG9vbFJlc3BvbnNlElwKCUxpc3RQb29scxImLmxlYXNlaG9sZC5jb250cm9sLnYxLkxpc3RQb29sc1JlcXVlc3QaJy5sZWFzZWhvbGQuY29udHJvbC52MS5MaXN0UG9vbHNSZXNwb25zZRJuCg9DcmVhdGVQb29sTGVhc2USLC5sZWFzZWhvbGQuY29udHJvbC52MS5DcmVhdGVQb29sTGVhc2VSZXF1ZXN0Gi0ubGVhc2Vob2xkLmNvbnRyb2wudjEuQ3JlYXRlUG9vbExlYXNlUmVzcG9uc2USZQoMR2V0UG9vbExlYXNlEikubGVhc2Vob2xkLmNvbnRyb2wudjEuR2V0UG9vbExlYXNlUmVxdWVzdBoqLmxlYXNlaG9sZC5jb250cm9sLnYxLkdldFBvb2xMZWFzZVJlc3BvbnNlEmsKDkxpc3RQb29sTGVhc2VzEisubGVhc2Vob2xkLmNvbnRyb2wudjEuTGlzdFBvb2xMZWFzZXNSZXF1ZXN0GiwubGVhc2Vob2xkLmNvbnRyb2wudjEuTGlzdFBvb2xMZWFzZXNSZXNwb25zZRJxChBSZWxlYXNlUG9vbExlYXNlEi0ubGVhc2Vob2xkLmNvbnRyb2wudjEuUmVsZWFzZVBvb2xMZWFzZVJlcXVlc3QaLi5sZWFzZWhvbGQuY29udHJvbC52MS5SZWxlYXNlUG9vbExlYXNlUmVzcG9uc2USXwoKQ3JlYXRlU2luaxInLmxlYXNlaG9sZC5jb250cm9sLnYxLkNyZWF0ZVNpbmtSZXF1ZXN0GigubGVhc2Vob2xkLmNvbnRyb2wudjEuQ3JlYXRlU2lua1Jlc3BvbnNlElwKCUxpc3RTaW5rcxImLmxlYXNlaG9sZC5jb250cm9sLnYxLkxpc3RTaW5rc1JlcXVlc3QaJy5sZWFzZWhvbGQuY29udHJvbC52MS5MaXN0U2lua3NSZXNwb25zZRJfCgpEZWxldGVTaW5rEicubGVhc2Vob2xkLmNvbnRyb2wudjEuRGVsZXRlU2lua1JlcXVlc3QaKC5sZWFzZWhvbGQuY29udHJvbC52MS5EZWxldGVTaW5rUmVzcG9uc2USXwoKTGlzdExlYXNlcxInLmxlYXNlaG9sZC5jb250cm9sLnYxLkxpc3RMZWFzZXNSZXF1ZXN0GigubGVhc2Vob2xkLmNvbnRyb2wudjEuTGlzdExlYXNlc1Jlc3BvbnNlEmIKC0xpc3RXb3JrZXJzEigubGVhc2Vob2xkLmNvbnRyb2wudjEuTGlzdFdvcmtlcnNSZXF1ZXN0GikubGVhc2Vob2xkLmNvbnRyb2wudjEuTGlzdFdvcmtlcnNSZXNwb25zZRJlCgxMaXN0R2F0ZXdheXMSKS5sZWFzZWhvbGQuY29udHJvbC52MS5MaXN0R2F0ZXdheXNSZXF1ZXN0GioubGVhc2Vob2xkLmNvbnRyb2wudjEuTGlzdEdhdGV3YXlzUmVzcG9uc2USXwoKQ29yZG9uTm9kZRInLmxlYXNlaG9sZC5jb250cm9sLnYxLkNvcmRvbk5vZGVSZXF1ZXN0GigubGVhc2Vob2xkLmNvbnRyb2wudjEuQ29yZG9uTm9kZVJlc3BvbnNlEmUKDFVuY29yZG9uTm9kZRIpLmxlYXNlaG9sZC5jb250cm9sLnYxLlVuY29yZG9uTm9kZVJlcXVlc3QaKi5sZWFzZWhvbGQuY29udHJvbC52MS5VbmNvcmRvbk5vZGVSZXNwb25zZRJcCglEcmFpbk5vZGUSJi5sZWFzZWhvbGQuY29udHJvbC52MS5EcmFpbk5vZGVSZXF1ZXN0GicubGVhc2Vob2xkLmNvbnRyb2wudjEuRHJhaW5Ob2RlUmVzcG9uc2UScQoQRGVjb21taXNzaW9uTm9kZRItLmxlYXNlaG9sZC5jb250cm9sLnYxLkRlY29tbWlzc2lvbk5vZGVSZXF1ZXN0Gi4ubGVhc2Vob2xkLmNvbnRyb2wudjEuRGVjb21taXNzaW9uTm9kZVJlc3BvbnNlEm4KD0xpc3RBdWRpdEV2ZW50cxIsLmxlYXNlaG9sZC5jb250cm9sLnYxLkxpc3RBdWRpdEV2ZW50c1JlcXVlc3QaLS5sZWFzZWhvbGQuY29udHJvbC52MS5MaXN0QXVkaXRFdmVudHNSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_leasehold_node_v1_node]);
 
 /**
  * Node is a registered node or site agent.
@@ -112,6 +112,21 @@ export type Node = Message<"leasehold.control.v1.Node"> & {
    * @generated from field: google.protobuf.Timestamp revoked_at = 12;
    */
   revokedAt?: Timestamp;
+
+  /**
+   * cordoned says the node is cordoned: the placer allocates it to no new
+   * pool lease (CordonNode, DrainNode, DecommissionNode).
+   *
+   * @generated from field: bool cordoned = 20;
+   */
+  cordoned: boolean;
+
+  /**
+   * cordoned_at is when the node was cordoned; unset unless cordoned.
+   *
+   * @generated from field: google.protobuf.Timestamp cordoned_at = 21;
+   */
+  cordonedAt?: Timestamp;
 };
 
 /**
@@ -807,6 +822,13 @@ export type ListNodesRequest = Message<"leasehold.control.v1.ListNodesRequest"> 
    * @generated from field: string pool_id = 4;
    */
   poolId: string;
+
+  /**
+   * cordoned_only returns only cordoned nodes.
+   *
+   * @generated from field: bool cordoned_only = 5;
+   */
+  cordonedOnly: boolean;
 };
 
 /**
@@ -1822,6 +1844,435 @@ export const ListGatewaysResponseSchema: GenMessage<ListGatewaysResponse> = /*@_
   messageDesc(file_leasehold_control_v1_control, 52);
 
 /**
+ * CordonNodeRequest is the request of CordonNode.
+ *
+ * @generated from message leasehold.control.v1.CordonNodeRequest
+ */
+export type CordonNodeRequest = Message<"leasehold.control.v1.CordonNodeRequest"> & {
+  /**
+   * node_id is the node to cordon.
+   *
+   * @generated from field: string node_id = 1;
+   */
+  nodeId: string;
+
+  /**
+   * reason is recorded in the audit trail; at most 200 characters.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message leasehold.control.v1.CordonNodeRequest.
+ * Use `create(CordonNodeRequestSchema)` to create a new message.
+ */
+export const CordonNodeRequestSchema: GenMessage<CordonNodeRequest> = /*@__PURE__*/
+  messageDesc(file_leasehold_control_v1_control, 53);
+
+/**
+ * CordonNodeResponse is the response of CordonNode.
+ *
+ * @generated from message leasehold.control.v1.CordonNodeResponse
+ */
+export type CordonNodeResponse = Message<"leasehold.control.v1.CordonNodeResponse"> & {
+  /**
+   * node is the node, cordoned.
+   *
+   * @generated from field: leasehold.control.v1.Node node = 1;
+   */
+  node?: Node;
+};
+
+/**
+ * Describes the message leasehold.control.v1.CordonNodeResponse.
+ * Use `create(CordonNodeResponseSchema)` to create a new message.
+ */
+export const CordonNodeResponseSchema: GenMessage<CordonNodeResponse> = /*@__PURE__*/
+  messageDesc(file_leasehold_control_v1_control, 54);
+
+/**
+ * UncordonNodeRequest is the request of UncordonNode.
+ *
+ * @generated from message leasehold.control.v1.UncordonNodeRequest
+ */
+export type UncordonNodeRequest = Message<"leasehold.control.v1.UncordonNodeRequest"> & {
+  /**
+   * node_id is the node to uncordon.
+   *
+   * @generated from field: string node_id = 1;
+   */
+  nodeId: string;
+};
+
+/**
+ * Describes the message leasehold.control.v1.UncordonNodeRequest.
+ * Use `create(UncordonNodeRequestSchema)` to create a new message.
+ */
+export const UncordonNodeRequestSchema: GenMessage<UncordonNodeRequest> = /*@__PURE__*/
+  messageDesc(file_leasehold_control_v1_control, 55);
+
+/**
+ * UncordonNodeResponse is the response of UncordonNode.
+ *
+ * @generated from message leasehold.control.v1.UncordonNodeResponse
+ */
+export type UncordonNodeResponse = Message<"leasehold.control.v1.UncordonNodeResponse"> & {
+  /**
+   * node is the node, no longer cordoned.
+   *
+   * @generated from field: leasehold.control.v1.Node node = 1;
+   */
+  node?: Node;
+};
+
+/**
+ * Describes the message leasehold.control.v1.UncordonNodeResponse.
+ * Use `create(UncordonNodeResponseSchema)` to create a new message.
+ */
+export const UncordonNodeResponseSchema: GenMessage<UncordonNodeResponse> = /*@__PURE__*/
+  messageDesc(file_leasehold_control_v1_control, 56);
+
+/**
+ * DrainNodeRequest is the request of DrainNode.
+ *
+ * @generated from message leasehold.control.v1.DrainNodeRequest
+ */
+export type DrainNodeRequest = Message<"leasehold.control.v1.DrainNodeRequest"> & {
+  /**
+   * node_id is the node to drain.
+   *
+   * @generated from field: string node_id = 1;
+   */
+  nodeId: string;
+
+  /**
+   * timeout is how long to wait for the node's work to end, 0..60s; unset or
+   * zero cordons and reports at once. The wait also ends before the caller's
+   * own deadline.
+   *
+   * @generated from field: google.protobuf.Duration timeout = 2;
+   */
+  timeout?: Duration;
+
+  /**
+   * reason is recorded in the audit trail; at most 200 characters.
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message leasehold.control.v1.DrainNodeRequest.
+ * Use `create(DrainNodeRequestSchema)` to create a new message.
+ */
+export const DrainNodeRequestSchema: GenMessage<DrainNodeRequest> = /*@__PURE__*/
+  messageDesc(file_leasehold_control_v1_control, 57);
+
+/**
+ * DrainNodeResponse is the response of DrainNode.
+ *
+ * @generated from message leasehold.control.v1.DrainNodeResponse
+ */
+export type DrainNodeResponse = Message<"leasehold.control.v1.DrainNodeResponse"> & {
+  /**
+   * node is the node, cordoned.
+   *
+   * @generated from field: leasehold.control.v1.Node node = 1;
+   */
+  node?: Node;
+
+  /**
+   * drained is true when nothing runs on the node any more: no dispatched or
+   * running command and no pool allocation.
+   *
+   * @generated from field: bool drained = 2;
+   */
+  drained: boolean;
+
+  /**
+   * running_command_ids are the node's commands still dispatched or running
+   * when the wait ended.
+   *
+   * @generated from field: repeated string running_command_ids = 3;
+   */
+  runningCommandIds: string[];
+
+  /**
+   * pool_lease_ids are the pool leases still holding the node when the wait
+   * ended.
+   *
+   * @generated from field: repeated string pool_lease_ids = 4;
+   */
+  poolLeaseIds: string[];
+};
+
+/**
+ * Describes the message leasehold.control.v1.DrainNodeResponse.
+ * Use `create(DrainNodeResponseSchema)` to create a new message.
+ */
+export const DrainNodeResponseSchema: GenMessage<DrainNodeResponse> = /*@__PURE__*/
+  messageDesc(file_leasehold_control_v1_control, 58);
+
+/**
+ * DecommissionNodeRequest is the request of DecommissionNode.
+ *
+ * @generated from message leasehold.control.v1.DecommissionNodeRequest
+ */
+export type DecommissionNodeRequest = Message<"leasehold.control.v1.DecommissionNodeRequest"> & {
+  /**
+   * node_id is the node to decommission.
+   *
+   * @generated from field: string node_id = 1;
+   */
+  nodeId: string;
+
+  /**
+   * timeout bounds the drain as DrainNodeRequest.timeout does.
+   *
+   * @generated from field: google.protobuf.Duration timeout = 2;
+   */
+  timeout?: Duration;
+
+  /**
+   * reason is recorded in the audit trail; at most 200 characters.
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message leasehold.control.v1.DecommissionNodeRequest.
+ * Use `create(DecommissionNodeRequestSchema)` to create a new message.
+ */
+export const DecommissionNodeRequestSchema: GenMessage<DecommissionNodeRequest> = /*@__PURE__*/
+  messageDesc(file_leasehold_control_v1_control, 59);
+
+/**
+ * DecommissionNodeResponse is the response of DecommissionNode.
+ *
+ * @generated from message leasehold.control.v1.DecommissionNodeResponse
+ */
+export type DecommissionNodeResponse = Message<"leasehold.control.v1.DecommissionNodeResponse"> & {
+  /**
+   * node is the node: revoked when decommissioned, else cordoned.
+   *
+   * @generated from field: leasehold.control.v1.Node node = 1;
+   */
+  node?: Node;
+
+  /**
+   * decommissioned is true when the node drained and its credential was
+   * revoked; false leaves it cordoned with the work below still on it.
+   *
+   * @generated from field: bool decommissioned = 2;
+   */
+  decommissioned: boolean;
+
+  /**
+   * running_command_ids are as in DrainNodeResponse.
+   *
+   * @generated from field: repeated string running_command_ids = 3;
+   */
+  runningCommandIds: string[];
+
+  /**
+   * pool_lease_ids are as in DrainNodeResponse.
+   *
+   * @generated from field: repeated string pool_lease_ids = 4;
+   */
+  poolLeaseIds: string[];
+};
+
+/**
+ * Describes the message leasehold.control.v1.DecommissionNodeResponse.
+ * Use `create(DecommissionNodeResponseSchema)` to create a new message.
+ */
+export const DecommissionNodeResponseSchema: GenMessage<DecommissionNodeResponse> = /*@__PURE__*/
+  messageDesc(file_leasehold_control_v1_control, 60);
+
+/**
+ * AuditEvent is one row of the audit trail: a mutating ControlService call
+ * or a tunnel open or close, written in the transaction of its change.
+ *
+ * @generated from message leasehold.control.v1.AuditEvent
+ */
+export type AuditEvent = Message<"leasehold.control.v1.AuditEvent"> & {
+  /**
+   * id orders events: a larger id was written later.
+   *
+   * @generated from field: int64 id = 1;
+   */
+  id: bigint;
+
+  /**
+   * at is the database time of the change.
+   *
+   * @generated from field: google.protobuf.Timestamp at = 2;
+   */
+  at?: Timestamp;
+
+  /**
+   * actor names the caller's token (never the token itself).
+   *
+   * @generated from field: string actor = 3;
+   */
+  actor: string;
+
+  /**
+   * role is the caller's role.
+   *
+   * @generated from field: string role = 4;
+   */
+  role: string;
+
+  /**
+   * method is the ControlService method, or "tunnel.open" / "tunnel.close".
+   *
+   * @generated from field: string method = 5;
+   */
+  method: string;
+
+  /**
+   * target_kind is what was changed: node, command, pool, pool_lease, sink.
+   *
+   * @generated from field: string target_kind = 6;
+   */
+  targetKind: string;
+
+  /**
+   * target_id is the id of what was changed.
+   *
+   * @generated from field: string target_id = 7;
+   */
+  targetId: string;
+
+  /**
+   * outcome is "ok", or "unchanged" when the call found nothing to change.
+   *
+   * @generated from field: string outcome = 8;
+   */
+  outcome: string;
+
+  /**
+   * detail holds small, non-secret facts about the change.
+   *
+   * @generated from field: google.protobuf.Struct detail = 9;
+   */
+  detail?: JsonObject;
+};
+
+/**
+ * Describes the message leasehold.control.v1.AuditEvent.
+ * Use `create(AuditEventSchema)` to create a new message.
+ */
+export const AuditEventSchema: GenMessage<AuditEvent> = /*@__PURE__*/
+  messageDesc(file_leasehold_control_v1_control, 61);
+
+/**
+ * ListAuditEventsRequest is the request of ListAuditEvents. Filters combine
+ * with AND.
+ *
+ * @generated from message leasehold.control.v1.ListAuditEventsRequest
+ */
+export type ListAuditEventsRequest = Message<"leasehold.control.v1.ListAuditEventsRequest"> & {
+  /**
+   * page_size is the largest number of events to return; 0 means the
+   * server's default, and the server caps it.
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  pageSize: number;
+
+  /**
+   * page_token is the next_page_token of the previous page; empty for the first.
+   *
+   * @generated from field: string page_token = 2;
+   */
+  pageToken: string;
+
+  /**
+   * actor returns only events of this caller.
+   *
+   * @generated from field: string actor = 3;
+   */
+  actor: string;
+
+  /**
+   * method returns only events of this method.
+   *
+   * @generated from field: string method = 4;
+   */
+  method: string;
+
+  /**
+   * target_kind returns only events about this kind of target.
+   *
+   * @generated from field: string target_kind = 5;
+   */
+  targetKind: string;
+
+  /**
+   * target_id returns only events about this target; it needs target_kind.
+   *
+   * @generated from field: string target_id = 6;
+   */
+  targetId: string;
+
+  /**
+   * since returns only events at or after this time.
+   *
+   * @generated from field: google.protobuf.Timestamp since = 7;
+   */
+  since?: Timestamp;
+
+  /**
+   * until returns only events before this time.
+   *
+   * @generated from field: google.protobuf.Timestamp until = 8;
+   */
+  until?: Timestamp;
+};
+
+/**
+ * Describes the message leasehold.control.v1.ListAuditEventsRequest.
+ * Use `create(ListAuditEventsRequestSchema)` to create a new message.
+ */
+export const ListAuditEventsRequestSchema: GenMessage<ListAuditEventsRequest> = /*@__PURE__*/
+  messageDesc(file_leasehold_control_v1_control, 62);
+
+/**
+ * ListAuditEventsResponse is the response of ListAuditEvents.
+ *
+ * @generated from message leasehold.control.v1.ListAuditEventsResponse
+ */
+export type ListAuditEventsResponse = Message<"leasehold.control.v1.ListAuditEventsResponse"> & {
+  /**
+   * events are the events of this page, newest first.
+   *
+   * @generated from field: repeated leasehold.control.v1.AuditEvent events = 1;
+   */
+  events: AuditEvent[];
+
+  /**
+   * next_page_token fetches the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message leasehold.control.v1.ListAuditEventsResponse.
+ * Use `create(ListAuditEventsResponseSchema)` to create a new message.
+ */
+export const ListAuditEventsResponseSchema: GenMessage<ListAuditEventsResponse> = /*@__PURE__*/
+  messageDesc(file_leasehold_control_v1_control, 63);
+
+/**
  * NodeState is a node's connection state as the control plane sees it.
  *
  * @generated from enum leasehold.control.v1.NodeState
@@ -2243,6 +2694,60 @@ export const ControlService: GenService<{
     methodKind: "unary";
     input: typeof ListGatewaysRequestSchema;
     output: typeof ListGatewaysResponseSchema;
+  },
+  /**
+   * CordonNode stops the placer from allocating the node to new pool leases;
+   * what runs on it keeps running. Cordoning a cordoned node changes nothing.
+   *
+   * @generated from rpc leasehold.control.v1.ControlService.CordonNode
+   */
+  cordonNode: {
+    methodKind: "unary";
+    input: typeof CordonNodeRequestSchema;
+    output: typeof CordonNodeResponseSchema;
+  },
+  /**
+   * UncordonNode makes the node placeable again.
+   *
+   * @generated from rpc leasehold.control.v1.ControlService.UncordonNode
+   */
+  uncordonNode: {
+    methodKind: "unary";
+    input: typeof UncordonNodeRequestSchema;
+    output: typeof UncordonNodeResponseSchema;
+  },
+  /**
+   * DrainNode cordons the node, then waits until its dispatched and running
+   * commands and its pool allocations have ended, or its timeout passes; the
+   * response says what is still there.
+   *
+   * @generated from rpc leasehold.control.v1.ControlService.DrainNode
+   */
+  drainNode: {
+    methodKind: "unary";
+    input: typeof DrainNodeRequestSchema;
+    output: typeof DrainNodeResponseSchema;
+  },
+  /**
+   * DecommissionNode drains the node and, once it is drained, revokes its
+   * credential as RevokeNode does.
+   *
+   * @generated from rpc leasehold.control.v1.ControlService.DecommissionNode
+   */
+  decommissionNode: {
+    methodKind: "unary";
+    input: typeof DecommissionNodeRequestSchema;
+    output: typeof DecommissionNodeResponseSchema;
+  },
+  /**
+   * ListAuditEvents returns the audit trail, newest first, a page at a time.
+   *
+   * @generated from rpc leasehold.control.v1.ControlService.ListAuditEvents
+   */
+  listAuditEvents: {
+    methodKind: "unary";
+    input: typeof ListAuditEventsRequestSchema;
+    output: typeof ListAuditEventsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_leasehold_control_v1_control, 0);
