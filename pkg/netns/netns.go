@@ -109,6 +109,15 @@ func (ns *Namespace) Vanish(ctx context.Context) error {
 	return nil
 }
 
+// Restore brings the link back up after Vanish, for the next run of a
+// bench; connections cut meanwhile stay broken.
+func (ns *Namespace) Restore(ctx context.Context) error {
+	if err := ip(ctx, "link", "set", ns.hostIf, "up"); err != nil {
+		return fmt.Errorf("netns: restore %s: %w", ns.Name, err)
+	}
+	return nil
+}
+
 // Close deletes the namespace (and with it the veth pair). Processes still
 // inside lose their network; stop them first.
 func (ns *Namespace) Close() {
