@@ -31,15 +31,22 @@ func (e *LeaseLostError) Unwrap() error { return ErrLeaseLost }
 const fenceSQL = `
 SELECT 1 FROM leases
  WHERE name = $1 AND owner = $2 AND epoch = $3 AND expires_at > compute_now()
- FOR SHARE`
+ FOR KEY SHARE`
 
-// Fence locks the lease row FOR SHARE at l's owner and epoch inside tx, or
-// returns *LeaseLostError when it is no longer held. Call it first in every
-// write transaction made on behalf of l; the share lock then makes a
-// takeover, a release and a renewal wait until tx ends. A bare EXISTS would
-// not fence under READ COMMITTED: the lock is what orders the two holders.
-// (FOR KEY SHARE on (name, epoch), migration 00015, was tried and taken
-// back: docs/decisions.md.)
+// Fence locks the lease row FOR KEY SHARE at l's owner and epoch inside tx,
+// or returns *LeaseLostError when it is no longer held. Call it first in
+// every write transaction made on behalf of l. A bare EXISTS would not fence
+// under READ COMMITTED: the lock is what orders the two holders.
+//
+// The lock conflicts with every UPDATE that changes a key column: epoch
+// and owner are both (the unique indexes on (name, epoch) and (name,
+// owner), migrations 00015 and 00023). So every write that ends a holding
+// waits until tx ends: a takeover and a fresh take (new epoch), a release by
+// the holder and a release on behalf of a dead member (owner NULL). A
+// renewal moves expires_at alone, takes the weaker FOR NO KEY UPDATE lock
+// and does not wait behind fenced work; neither does a re-take by the same
+// owner after an expiry nobody used (same owner, same epoch: no holding
+// ended). docs/decisions.md has why both indexes are needed.
 func Fence(ctx context.Context, tx pgx.Tx, l Lease) error {
 	var one int
 	err := tx.QueryRow(ctx, fenceSQL, l.Name, l.Owner, l.Epoch).Scan(&one)

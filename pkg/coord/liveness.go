@@ -102,9 +102,18 @@ type livenessSession struct {
 	deadSince map[string]time.Time // peer owner -> when its lock was first seen free
 }
 
+// livenessSetupSQL sets the server side of the session's socket so that the
+// server notices a vanished host (no FIN, no RST) in about 3 s: keepalives
+// (first probe after 1 s idle, then every 1 s, dead after 2 unanswered) bound
+// it while the server has nothing unacknowledged to send, and
+// tcp_user_timeout (3 s) bounds it when a reply of the server was lost with
+// the host, where keepalives do not run and retransmissions alone would take
+// up to about 15 minutes (tcp_retries2). Then the backend ends and its
+// session lock is free.
 const livenessSetupSQL = `
 SELECT set_config('tcp_keepalives_idle', '1', false), set_config('tcp_keepalives_interval', '1', false),
-       set_config('tcp_keepalives_count', '2', false), set_config('application_name', left('leasehold-liveness:' || $2, 63), false),
+       set_config('tcp_keepalives_count', '2', false), set_config('tcp_user_timeout', '3000', false),
+       set_config('application_name', left('leasehold-liveness:' || $2, 63), false),
        pg_try_advisory_lock($1, hashtext($2))`
 
 // deadPeersSQL lists members of the groups flagged live whose liveness lock
@@ -243,9 +252,9 @@ func (s *livenessSession) connect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("connect the liveness session: %w", err)
 	}
-	var a, b, c, d string
+	var a, b, c, d, e string
 	var locked bool
-	if err := conn.QueryRow(cctx, livenessSetupSQL, LivenessLockClass, s.owner).Scan(&a, &b, &c, &d, &locked); err != nil {
+	if err := conn.QueryRow(cctx, livenessSetupSQL, LivenessLockClass, s.owner).Scan(&a, &b, &c, &d, &e, &locked); err != nil {
 		_ = conn.Close(context.Background())
 		return fmt.Errorf("take the liveness lock: %w", err)
 	}

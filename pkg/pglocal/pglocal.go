@@ -39,6 +39,11 @@ type Options struct {
 	Settings map[string]string
 	// Durable false turns fsync and synchronous_commit off: for tests only.
 	Durable bool
+	// Listen are addresses the server listens on besides 127.0.0.1 (they
+	// must exist when it starts), and HostAuth the client networks (CIDR)
+	// allowed to log in from them with a password: for tests that reach the
+	// server from a network namespace (pkg/netns).
+	Listen, HostAuth []string
 }
 
 // Cluster is a local PostgreSQL cluster managed with pg_ctl.
@@ -169,7 +174,7 @@ func (c *Cluster) initdb(ctx context.Context) error {
 		return err
 	}
 	settings := map[string]string{
-		"listen_addresses":         "'127.0.0.1'",
+		"listen_addresses":         quoteConf(strings.Join(append([]string{"127.0.0.1"}, c.opts.Listen...), ",")),
 		"unix_socket_directories":  "'" + c.opts.Dir + "'",
 		"max_connections":          "400",
 		"shared_buffers":           "'128MB'",
@@ -184,6 +189,9 @@ func (c *Cluster) initdb(ctx context.Context) error {
 	}
 	for k, v := range c.opts.Settings {
 		settings[k] = v
+	}
+	if err := c.allowHosts(); err != nil {
+		return err
 	}
 	var buf bytes.Buffer
 	buf.WriteString("\n# leasehold pglocal\n")
@@ -202,6 +210,31 @@ func (c *Cluster) initdb(ctx context.Context) error {
 	defer f.Close()
 	if _, err := f.Write(buf.Bytes()); err != nil {
 		return fmt.Errorf("append postgresql.conf: %w", err)
+	}
+	return nil
+}
+
+// allowHosts appends a password login line to pg_hba.conf for each of
+// opts.HostAuth.
+func (c *Cluster) allowHosts() error {
+	if len(c.opts.HostAuth) == 0 {
+		return nil
+	}
+	var buf bytes.Buffer
+	buf.WriteString("\n# leasehold pglocal: networks allowed besides loopback\n")
+	for _, cidr := range c.opts.HostAuth {
+		if _, _, err := net.ParseCIDR(cidr); err != nil {
+			return fmt.Errorf("pglocal: HostAuth %q: %w", cidr, err)
+		}
+		fmt.Fprintf(&buf, "host all all %s scram-sha-256\n", cidr)
+	}
+	f, err := os.OpenFile(filepath.Join(c.DataDir(), "pg_hba.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("append pg_hba.conf: %w", err)
+	}
+	defer f.Close()
+	if _, err := f.Write(buf.Bytes()); err != nil {
+		return fmt.Errorf("append pg_hba.conf: %w", err)
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/leasehold/leasehold/pkg/coord"
 	"github.com/leasehold/leasehold/pkg/faultproxy"
+	"github.com/leasehold/leasehold/pkg/netns"
 	"github.com/leasehold/leasehold/pkg/pglocal"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 	"github.com/leasehold/leasehold/pkg/proctest"
@@ -41,7 +42,12 @@ func setupFailover(t *testing.T) failover {
 	if testing.Short() {
 		t.Skip("real-time failover test")
 	}
-	db := pgtest.NewDB(t)
+	return failoverOn(t, pgtest.NewDB(t))
+}
+
+// failoverOn is setupFailover on a given database (a test's own server).
+func failoverOn(t *testing.T, db *pgtest.DB) failover {
+	t.Helper()
 	exec(t, db.Pool, "CREATE TABLE reconcile_log (key text, owner text, started_at timestamptz, finished_at timestamptz)")
 	exec(t, db.Pool, "CREATE TABLE period_log (period bigint, owner text, at timestamptz)")
 	return failover{db: db, bin: proctest.Build(t, "./internal/testworker")}
@@ -49,15 +55,30 @@ func setupFailover(t *testing.T) failover {
 
 func (f failover) start(t *testing.T, id, dbURL string, extra ...string) *proctest.Proc {
 	t.Helper()
+	return f.startIn(t, nil, id, dbURL, extra...)
+}
+
+// startIn starts a testworker inside ns (nil: on the host); its HTTP
+// server listens on the namespace's address, where the host reaches it.
+func (f failover) startIn(t *testing.T, ns *netns.Namespace, id, dbURL string, extra ...string) *proctest.Proc {
+	t.Helper()
 	port, err := pglocal.FreePort()
 	require.NoError(t, err)
-	args := append([]string{"--id", id, "--database-url", dbURL, "--http-addr", fmt.Sprintf("127.0.0.1:%d", port),
+	host := "127.0.0.1"
+	if ns != nil {
+		host = ns.NSAddr
+	}
+	args := append([]string{"--id", id, "--database-url", dbURL, "--http-addr", fmt.Sprintf("%s:%d", host, port),
 		"--log-format", "text", "--coord.poll-interval", "50ms",
 		// Keys a dead worker had claimed wait out the claim TTL (the second
 		// safety net); 10 s instead of 60 s keeps the drain check short.
 		"--coord.claim-ttl", "10s"}, pgtest.PoolerFlags(dbURL)...)
 	args = append(args, extra...)
-	p := proctest.Start(t, id, f.bin, nil, args...)
+	bin := f.bin
+	if ns != nil {
+		bin, args = ns.Command(f.bin, args...)
+	}
+	p := proctest.Start(t, id, bin, nil, args...)
 	p.WaitReady(20 * time.Second)
 	return p
 }

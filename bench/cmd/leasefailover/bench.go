@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/leasehold/leasehold/bench/internal/harness"
+	"github.com/leasehold/leasehold/pkg/netns"
 )
 
 type bench struct {
@@ -30,6 +32,7 @@ type bench struct {
 	srv    *harness.Server
 	lh     *harness.Database
 	rv     *harness.Database
+	ns     *netns.Namespace // the vanish scenario's namespace, or nil
 	seq    int
 }
 
@@ -72,7 +75,17 @@ func (b *bench) run(ctx context.Context) (*result, error) {
 			return nil, err
 		}
 	}
-	if b.srv, err = harness.StartServer(ctx, b.c.durable); err != nil {
+	var listen, hostAuth []string
+	if slices.Contains(b.c.scenarios, "vanish") {
+		if b.ns, err = b.vanishNamespace(ctx); err != nil {
+			logf("leasehold vanish: skipped: %v", err)
+			b.c.scenarios = slices.DeleteFunc(b.c.scenarios, func(s string) bool { return s == "vanish" })
+		} else {
+			defer b.ns.Close()
+			listen, hostAuth = []string{b.ns.HostAddr}, []string{b.ns.Subnet}
+		}
+	}
+	if b.srv, err = harness.StartServerOn(ctx, b.c.durable, listen, hostAuth); err != nil {
 		return nil, err
 	}
 	if b.lh, err = b.srv.CreateDatabase(ctx, "leasefailover"); err != nil {
@@ -94,6 +107,14 @@ func (b *bench) run(ctx context.Context) (*result, error) {
 		}
 	}
 	for _, s := range b.c.scenarios {
+		if s == "vanish" {
+			sr, err := b.vanish(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("leasehold vanish: %w", err)
+			}
+			r.Leasehold[s] = sr
+			continue
+		}
 		sr, err := b.leasehold(ctx, s)
 		if err != nil {
 			return nil, fmt.Errorf("leasehold %s: %w", s, err)
@@ -107,12 +128,14 @@ func (b *bench) run(ctx context.Context) (*result, error) {
 			r.River[s] = rr
 		}
 	}
-	for _, m := range b.c.members {
-		lr, err := b.load(ctx, m)
-		if err != nil {
-			return nil, fmt.Errorf("load %d: %w", m, err)
+	for _, live := range b.c.loadLiveness {
+		for _, m := range b.c.members {
+			lr, err := b.load(ctx, m, live)
+			if err != nil {
+				return nil, fmt.Errorf("load %d: %w", m, err)
+			}
+			r.Load = append(r.Load, lr)
 		}
-		r.Load = append(r.Load, lr)
 	}
 	r.judge()
 	return r, nil
@@ -402,8 +425,8 @@ func (b *bench) riverScenario(ctx context.Context, scenario string) (*scenarioRe
 
 // ---- coordination load ----
 
-func (b *bench) load(ctx context.Context, members int) (loadResult, error) {
-	logf("coordination load: %d members", members)
+func (b *bench) load(ctx context.Context, members int, liveness bool) (loadResult, error) {
+	logf("coordination load: %d members, liveness %v", members, liveness)
 	var procs []*harness.Proc
 	defer func() {
 		for _, p := range procs {
@@ -420,7 +443,7 @@ func (b *bench) load(ctx context.Context, members int) (loadResult, error) {
 		b.seq++
 		id := fmt.Sprintf("w%d", b.seq)
 		p, err := b.sup.Start(id, b.worker, nil, "--database-url", b.lh.URL, "--http-addr", harness.FreeAddr(), "--id", id,
-			"--log-format", "text", "--log-level", "warn", "--db-max-conns", "4")
+			"--log-format", "text", "--log-level", "warn", "--db-max-conns", "4", fmt.Sprintf("--coord.liveness=%v", liveness))
 		if err != nil {
 			return loadResult{}, err
 		}
@@ -450,9 +473,9 @@ func (b *bench) load(ctx context.Context, members int) (loadResult, error) {
 	el := time.Since(t0).Seconds()
 	var live int
 	_ = b.lh.Pool.QueryRow(ctx, `SELECT count(*) /*bench*/ FROM leases WHERE expires_at > compute_now() AND name LIKE 'shard:%'`).Scan(&live)
-	lr := loadResult{Members: members, Window: el, Statements: st, StatementsPerSec: float64(st) / el,
+	lr := loadResult{Members: members, Liveness: liveness, Window: el, Statements: st, StatementsPerSec: float64(st) / el,
 		PerMember: float64(st) / el / float64(members), XactsPerSec: float64(x1-x0) / el, ShardsHeld: live}
-	logf("  %d members: %.1f statements/s (%.2f per member), %.1f xact/s", members, lr.StatementsPerSec, lr.PerMember, lr.XactsPerSec)
+	logf("  %d members, liveness %v: %.1f statements/s (%.2f per member), %.1f xact/s", members, liveness, lr.StatementsPerSec, lr.PerMember, lr.XactsPerSec)
 	return lr, nil
 }
 

@@ -29,13 +29,16 @@ type config struct {
 	loadSettle, loadWindow time.Duration
 	jsonPath, binDir       string
 	durable, keep          bool
+	loadLiveness           []bool
 }
 
 func main() {
 	var c config
 	var scenarios, members string
 	flag.IntVar(&c.runs, "runs", 20, "runs per scenario")
-	flag.StringVar(&scenarios, "scenarios", "crash,crash-ttl,conn-killed,pause,sigterm", "leasehold scenarios: crash (SIGKILL, liveness session), crash-ttl (SIGKILL, liveness off), conn-killed (every session of a live process terminated until the takeover), pause, sigterm (River runs crash and sigterm)")
+	var loadLiveness string
+	flag.StringVar(&scenarios, "scenarios", "crash,crash-ttl,conn-killed,vanish,pause,sigterm", "leasehold scenarios: crash (SIGKILL, liveness session), crash-ttl (SIGKILL, liveness off), conn-killed (every session of a live process terminated until the takeover), vanish (the process's host vanishes: its network namespace's link is cut, no FIN/RST; needs root, skipped otherwise), pause, sigterm (River runs crash and sigterm)")
+	flag.StringVar(&loadLiveness, "load-liveness", "on", "coordination load: with liveness sessions on, off, or on,off (side by side)")
 	flag.BoolVar(&c.river, "river", true, "run River's leader election side by side")
 	flag.StringVar(&members, "members", "1,4,16,64", "coordination load: member counts (empty: skip)")
 	flag.DurationVar(&c.loadSettle, "load-settle", 15*time.Second, "coordination load: wait after the members are ready")
@@ -47,7 +50,7 @@ func main() {
 	flag.Parse()
 	for _, s := range strings.Split(scenarios, ",") {
 		switch s = strings.TrimSpace(s); s {
-		case "crash", "crash-ttl", "conn-killed", "pause", "sigterm":
+		case "crash", "crash-ttl", "conn-killed", "vanish", "pause", "sigterm":
 			c.scenarios = append(c.scenarios, s)
 		case "":
 		default:
@@ -65,6 +68,18 @@ func main() {
 			os.Exit(2)
 		}
 		c.members = append(c.members, n)
+	}
+	for _, v := range strings.Split(loadLiveness, ",") {
+		switch strings.TrimSpace(v) {
+		case "on":
+			c.loadLiveness = append(c.loadLiveness, true)
+		case "off":
+			c.loadLiveness = append(c.loadLiveness, false)
+		case "":
+		default:
+			fmt.Fprintf(os.Stderr, "leasefailover: -load-liveness %q: want on, off or on,off\n", v)
+			os.Exit(2)
+		}
 	}
 	if c.runs < 1 {
 		fmt.Fprintln(os.Stderr, "leasefailover: -runs must be >= 1")

@@ -14,12 +14,15 @@ type scenarioResult struct {
 	RowTakeovers []time.Duration `json:"-"`
 	Dist         harness.Dist    `json:"takeover"`
 	RowDist      harness.Dist    `json:"leader_row_takeover,omitzero"`
+	Noticed      []time.Duration `json:"-"`
+	NoticeDist   harness.Dist    `json:"server_noticed,omitzero"`
 	LeasesMoved  []int           `json:"leases_moved,omitempty"`
 	BadExits     int             `json:"bad_exits"`
 }
 
 type loadResult struct {
 	Members          int     `json:"members"`
+	Liveness         bool    `json:"liveness"`
 	Window           float64 `json:"window_s"`
 	Statements       int64   `json:"statements"`
 	StatementsPerSec float64 `json:"statements_per_sec"`
@@ -49,7 +52,7 @@ type result struct {
 // liveness target; p50 <= 3 s is reported), a crash on the TTL path alone or
 // a pause within the reference's 22 s (TTL 15 s + renew 5 s + 2 s), a
 // SIGTERM within one renewal period (5 s).
-var limits = map[string]float64{"crash": 4, "conn-killed": 22, "crash-ttl": 22, "pause": 22, "sigterm": 5}
+var limits = map[string]float64{"crash": 4, "conn-killed": 22, "vanish": 22, "crash-ttl": 22, "pause": 22, "sigterm": 5}
 
 func (r *result) judge() {
 	r.Ratio, r.RatioRow = map[string]float64{}, map[string]float64{}
@@ -78,8 +81,11 @@ func (r *result) print(w io.Writer) {
 	line := func(s, sys, what string, d harness.Dist) {
 		fmt.Fprintf(w, "| %s | %s | %s | %.2f s | %.2f s | %.2f s | %.2f s | %.2f s | %d |\n", s, sys, what, d.P50, d.P90, d.P99, d.Max, d.Min, d.N)
 	}
-	for _, s := range []string{"crash", "crash-ttl", "conn-killed", "pause", "sigterm"} {
+	for _, s := range []string{"crash", "crash-ttl", "conn-killed", "vanish", "pause", "sigterm"} {
 		if lh := r.Leasehold[s]; lh != nil {
+			if lh.NoticeDist.N > 0 {
+				line(s, "leasehold", "the server ends the victim's liveness session", lh.NoticeDist)
+			}
 			line(s, "leasehold", "survivor holds every lease of the victim", lh.Dist)
 		}
 		if rv := r.River[s]; rv != nil {
@@ -99,14 +105,14 @@ func (r *result) print(w io.Writer) {
 		}
 	}
 	if len(r.Load) > 0 {
-		fmt.Fprintln(w, "\n| members | statements/s | per member | xact/s | live shard leases |")
-		fmt.Fprintln(w, "|---|---|---|---|---|")
+		fmt.Fprintln(w, "\n| members | liveness | statements/s | per member | xact/s | live shard leases |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|")
 		for _, l := range r.Load {
-			fmt.Fprintf(w, "| %d | %.1f | %.2f | %.1f | %d |\n", l.Members, l.StatementsPerSec, l.PerMember, l.XactsPerSec, l.ShardsHeld)
+			fmt.Fprintf(w, "| %d | %v | %.1f | %.2f | %.1f | %d |\n", l.Members, l.Liveness, l.StatementsPerSec, l.PerMember, l.XactsPerSec, l.ShardsHeld)
 		}
 	}
 	if r.Gate.Pass {
-		fmt.Fprintln(w, "\nGATE: PASS (crash with a liveness session <= 4 s; crash on the TTL path, killed connections and pause <= 22 s; SIGTERM <= 5 s)")
+		fmt.Fprintln(w, "\nGATE: PASS (crash with a liveness session <= 4 s; crash on the TTL path, killed connections, vanished host and pause <= 22 s; SIGTERM <= 5 s)")
 	} else {
 		fmt.Fprintf(w, "\nGATE: FAIL\n  - %s\n", strings.Join(r.Gate.Failures, "\n  - "))
 	}

@@ -34,6 +34,13 @@ type Server struct {
 // StartServer starts a local cluster (durable: fsync and synchronous commit
 // on) unless LEASEHOLD_DATABASE_URL is set.
 func StartServer(ctx context.Context, durable bool) (*Server, error) {
+	return StartServerOn(ctx, durable, nil, nil)
+}
+
+// StartServerOn is StartServer with a local cluster that also listens on
+// listen (addresses that exist now) and lets clients from hostAuth (CIDRs)
+// log in with a password: for members run in a network namespace.
+func StartServerOn(ctx context.Context, durable bool, listen, hostAuth []string) (*Server, error) {
 	if u := os.Getenv("LEASEHOLD_DATABASE_URL"); u != "" {
 		return &Server{AdminURL: u, Desc: "LEASEHOLD_DATABASE_URL"}, nil
 	}
@@ -41,7 +48,7 @@ func StartServer(ctx context.Context, durable bool) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := pglocal.New(ctx, pglocal.Options{Dir: dir, Durable: durable, Settings: map[string]string{
+	c, err := pglocal.New(ctx, pglocal.Options{Dir: dir, Durable: durable, Listen: listen, HostAuth: hostAuth, Settings: map[string]string{
 		"max_connections": "1000", "pg_stat_statements.max": "10000"}})
 	if err != nil {
 		os.RemoveAll(dir)

@@ -112,6 +112,7 @@ type Gateway struct {
 	stopping    atomic.Bool // SIGTERM: a lease taken again no longer resumes serving
 	keeperStop  context.CancelFunc
 	keeperDone  chan struct{}
+	keeperDB    *pgxpool.Pool // the keeper's own pool (lease.go)
 
 	slotMu   sync.Mutex
 	nextSlot time.Time
@@ -121,7 +122,7 @@ type Gateway struct {
 }
 
 // New builds a gateway; it listens and takes its lease when started.
-func New(cfg Config, deps Deps) (*Gateway, error) {
+func New(cfg Config, deps Deps) (_ *Gateway, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -134,7 +135,16 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	if deps.Registry == nil {
 		deps.Registry = prometheus.NewRegistry()
 	}
-	client, err := coord.NewClient(deps.DB, deps.ID, coord.WithClock(deps.Clock))
+	keeperDB, err := newKeeperPool(deps.DB)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			keeperDB.Close()
+		}
+	}()
+	client, err := coord.NewClient(keeperDB, deps.ID, coord.WithClock(deps.Clock))
 	if err != nil {
 		return nil, fmt.Errorf("gateway id: %w", err)
 	}
@@ -144,7 +154,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	}
 	m := newMetrics(deps.Registry)
 	g := &Gateway{
-		cfg: cfg, id: deps.ID, db: deps.DB, notifyURL: deps.NotifyURL, log: deps.Logger, clock: deps.Clock, m: m,
+		cfg: cfg, id: deps.ID, db: deps.DB, keeperDB: keeperDB, notifyURL: deps.NotifyURL, log: deps.Logger, clock: deps.Clock, m: m,
 		limiter:       rate.NewLimiter(rate.Limit(cfg.HelloRate), cfg.HelloBurst),
 		checker:       grpchealth.NewStaticChecker(nodev1connect.NodeGatewayServiceName),
 		sessions:      map[string]*session{},
@@ -238,10 +248,16 @@ func (g *Gateway) starting(ctx context.Context) error {
 	g.keeperStop, g.keeperDone = stop, make(chan struct{})
 	acquired := g.keeper.Acquired()
 	go func() { defer close(g.keeperDone); g.keeper.Run(kctx) }()
+	started := false
+	defer func() {
+		if !started {
+			g.stopKeeper()
+			g.keeperDB.Close()
+		}
+	}()
 	select {
 	case <-acquired:
 	case <-ctx.Done():
-		g.stopKeeper()
 		return ctx.Err()
 	}
 	srv, err := g.newServer()
@@ -260,10 +276,12 @@ func (g *Gateway) starting(ctx context.Context) error {
 	g.checker.SetStatus("", grpchealth.StatusServing)
 	g.log.Info("gateway serving", "addr", ln.Addr().String(), "lease", l.Name, "epoch", l.Epoch, "tls", g.cfg.TLSCert != "",
 		"mtls", g.cfg.TLSClientCA != "", "bind_node_id", g.bindsNodeID(), "http2", g.cfg.HTTP2Server)
+	started = true
 	return nil
 }
 
 func (g *Gateway) running(ctx context.Context) error {
+	defer g.keeperDB.Close() // after the keeper stopped and released the lease
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- g.srv.Serve(g.ln) }()
 

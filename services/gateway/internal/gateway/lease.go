@@ -11,11 +11,32 @@ import (
 
 	"connectrpc.com/connect"
 	"connectrpc.com/grpchealth"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leasehold/leasehold/pkg/coord"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
 	"github.com/leasehold/leasehold/pkg/health"
 )
+
+// keeperConns is the size of the keeper's own pool: one renewal at a time,
+// plus one for a release or a take racing it.
+const keeperConns = 2
+
+// newKeeperPool is the keeper's own small pool, on the same URL and settings
+// as db (a copy of its configuration: pooler mode, tracer, application
+// name). The lease's take and renewal run on it, never on the shared pool,
+// so they cannot queue for a connection behind a Hello herd, dispatch or
+// ingest; fenced transactions stay on the shared pool. It connects lazily
+// and is closed when the gateway stops (running's exit, or a failed start).
+func newKeeperPool(db *pgxpool.Pool) (*pgxpool.Pool, error) {
+	cfg := db.Config().Copy()
+	cfg.MaxConns, cfg.MinConns = keeperConns, 0
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("gateway lease pool: %w", err)
+	}
+	return p, nil
+}
 
 func (g *Gateway) stopKeeper() {
 	if g.keeperStop != nil {
