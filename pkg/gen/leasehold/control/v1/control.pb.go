@@ -446,9 +446,25 @@ type Command struct {
 	// created_at is when the command was created.
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// updated_at is when the command's state last changed.
-	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	UpdatedAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// cancel_requested_at is when CancelCommand asked the command's node to
+	// stop it; unset when the command was never cancelled while dispatched.
+	CancelRequestedAt *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=cancel_requested_at,json=cancelRequestedAt,proto3" json:"cancel_requested_at,omitempty"`
+	// cancel_confirmed is true once the node confirmed that the command is no
+	// longer running (cancel_outcome says why); false while unconfirmed, and
+	// for ever when the node's daemon does not know CancelCommand.
+	CancelConfirmed bool `protobuf:"varint,21,opt,name=cancel_confirmed,json=cancelConfirmed,proto3" json:"cancel_confirmed,omitempty"`
+	// cancel_outcome is the node's answer: "stopped", "already_finished" or
+	// "not_started"; empty until confirmed.
+	CancelOutcome string `protobuf:"bytes,22,opt,name=cancel_outcome,json=cancelOutcome,proto3" json:"cancel_outcome,omitempty"`
+	// output_bytes is how many bytes of live output (StreamCommandOutput) are
+	// stored, at most the gateway's cap.
+	OutputBytes int64 `protobuf:"varint,23,opt,name=output_bytes,json=outputBytes,proto3" json:"output_bytes,omitempty"`
+	// output_truncated is true when the node wrote more than the cap and the
+	// rest was dropped.
+	OutputTruncated bool `protobuf:"varint,24,opt,name=output_truncated,json=outputTruncated,proto3" json:"output_truncated,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Command) Reset() {
@@ -549,6 +565,41 @@ func (x *Command) GetUpdatedAt() *timestamppb.Timestamp {
 		return x.UpdatedAt
 	}
 	return nil
+}
+
+func (x *Command) GetCancelRequestedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CancelRequestedAt
+	}
+	return nil
+}
+
+func (x *Command) GetCancelConfirmed() bool {
+	if x != nil {
+		return x.CancelConfirmed
+	}
+	return false
+}
+
+func (x *Command) GetCancelOutcome() string {
+	if x != nil {
+		return x.CancelOutcome
+	}
+	return ""
+}
+
+func (x *Command) GetOutputBytes() int64 {
+	if x != nil {
+		return x.OutputBytes
+	}
+	return 0
+}
+
+func (x *Command) GetOutputTruncated() bool {
+	if x != nil {
+		return x.OutputTruncated
+	}
+	return false
 }
 
 // CommandResult is how a command ended, as reported by its node.
@@ -2271,6 +2322,139 @@ func (x *WaitCommandResponse) GetResult() *CommandResult {
 	return nil
 }
 
+// StreamCommandOutputRequest is the request of StreamCommandOutput.
+type StreamCommandOutputRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// command_id is the command whose output to stream.
+	CommandId string `protobuf:"bytes,1,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	// offset is the first byte to send (0: from the start); a client that
+	// lost its stream resumes from the offset after the last byte it got.
+	Offset        int64 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamCommandOutputRequest) Reset() {
+	*x = StreamCommandOutputRequest{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamCommandOutputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamCommandOutputRequest) ProtoMessage() {}
+
+func (x *StreamCommandOutputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamCommandOutputRequest.ProtoReflect.Descriptor instead.
+func (*StreamCommandOutputRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *StreamCommandOutputRequest) GetCommandId() string {
+	if x != nil {
+		return x.CommandId
+	}
+	return ""
+}
+
+func (x *StreamCommandOutputRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+// StreamCommandOutputResponse is one piece of a command's output.
+type StreamCommandOutputResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// offset is the position of data's first byte in the command's output
+	// (stdout and stderr together, in the order the node wrote them).
+	Offset int64 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	// stream says whether data went to stdout or stderr.
+	Stream v1.OutputStream `protobuf:"varint,2,opt,name=stream,proto3,enum=leasehold.node.v1.OutputStream" json:"stream,omitempty"`
+	// data is the output.
+	Data []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	// truncated marks the end of what was kept: the node wrote more than the
+	// gateway's per-command cap and the rest was dropped. Such a message has
+	// no data, its offset is the cap, and it is the last before the stream
+	// ends.
+	Truncated     bool `protobuf:"varint,4,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamCommandOutputResponse) Reset() {
+	*x = StreamCommandOutputResponse{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamCommandOutputResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamCommandOutputResponse) ProtoMessage() {}
+
+func (x *StreamCommandOutputResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamCommandOutputResponse.ProtoReflect.Descriptor instead.
+func (*StreamCommandOutputResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *StreamCommandOutputResponse) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *StreamCommandOutputResponse) GetStream() v1.OutputStream {
+	if x != nil {
+		return x.Stream
+	}
+	return v1.OutputStream(0)
+}
+
+func (x *StreamCommandOutputResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *StreamCommandOutputResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
 // CreatePoolRequest is the request of CreatePool.
 type CreatePoolRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2286,7 +2470,7 @@ type CreatePoolRequest struct {
 
 func (x *CreatePoolRequest) Reset() {
 	*x = CreatePoolRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[27]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2298,7 +2482,7 @@ func (x *CreatePoolRequest) String() string {
 func (*CreatePoolRequest) ProtoMessage() {}
 
 func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[27]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2311,7 +2495,7 @@ func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{27}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CreatePoolRequest) GetPoolId() string {
@@ -2346,7 +2530,7 @@ type CreatePoolResponse struct {
 
 func (x *CreatePoolResponse) Reset() {
 	*x = CreatePoolResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[28]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2358,7 +2542,7 @@ func (x *CreatePoolResponse) String() string {
 func (*CreatePoolResponse) ProtoMessage() {}
 
 func (x *CreatePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[28]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2371,7 +2555,7 @@ func (x *CreatePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolResponse.ProtoReflect.Descriptor instead.
 func (*CreatePoolResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{28}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CreatePoolResponse) GetPool() *Pool {
@@ -2392,7 +2576,7 @@ type GetPoolRequest struct {
 
 func (x *GetPoolRequest) Reset() {
 	*x = GetPoolRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[29]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2404,7 +2588,7 @@ func (x *GetPoolRequest) String() string {
 func (*GetPoolRequest) ProtoMessage() {}
 
 func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[29]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2417,7 +2601,7 @@ func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolRequest.ProtoReflect.Descriptor instead.
 func (*GetPoolRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{29}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetPoolRequest) GetPoolId() string {
@@ -2438,7 +2622,7 @@ type GetPoolResponse struct {
 
 func (x *GetPoolResponse) Reset() {
 	*x = GetPoolResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[30]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2450,7 +2634,7 @@ func (x *GetPoolResponse) String() string {
 func (*GetPoolResponse) ProtoMessage() {}
 
 func (x *GetPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[30]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2463,7 +2647,7 @@ func (x *GetPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolResponse.ProtoReflect.Descriptor instead.
 func (*GetPoolResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{30}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetPoolResponse) GetPool() *Pool {
@@ -2487,7 +2671,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[31]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2499,7 +2683,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[31]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2512,7 +2696,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{31}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListPoolsRequest) GetPageSize() int32 {
@@ -2542,7 +2726,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[32]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2554,7 +2738,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[32]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2567,7 +2751,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{32}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListPoolsResponse) GetPools() []*Pool {
@@ -2601,7 +2785,7 @@ type CreatePoolLeaseRequest struct {
 
 func (x *CreatePoolLeaseRequest) Reset() {
 	*x = CreatePoolLeaseRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[33]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2613,7 +2797,7 @@ func (x *CreatePoolLeaseRequest) String() string {
 func (*CreatePoolLeaseRequest) ProtoMessage() {}
 
 func (x *CreatePoolLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[33]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2626,7 +2810,7 @@ func (x *CreatePoolLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolLeaseRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{33}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CreatePoolLeaseRequest) GetPoolId() string {
@@ -2668,7 +2852,7 @@ type CreatePoolLeaseResponse struct {
 
 func (x *CreatePoolLeaseResponse) Reset() {
 	*x = CreatePoolLeaseResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[34]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2680,7 +2864,7 @@ func (x *CreatePoolLeaseResponse) String() string {
 func (*CreatePoolLeaseResponse) ProtoMessage() {}
 
 func (x *CreatePoolLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[34]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2693,7 +2877,7 @@ func (x *CreatePoolLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolLeaseResponse.ProtoReflect.Descriptor instead.
 func (*CreatePoolLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{34}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CreatePoolLeaseResponse) GetPoolLease() *PoolLease {
@@ -2714,7 +2898,7 @@ type GetPoolLeaseRequest struct {
 
 func (x *GetPoolLeaseRequest) Reset() {
 	*x = GetPoolLeaseRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[35]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2726,7 +2910,7 @@ func (x *GetPoolLeaseRequest) String() string {
 func (*GetPoolLeaseRequest) ProtoMessage() {}
 
 func (x *GetPoolLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[35]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2739,7 +2923,7 @@ func (x *GetPoolLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolLeaseRequest.ProtoReflect.Descriptor instead.
 func (*GetPoolLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{35}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetPoolLeaseRequest) GetPoolLeaseId() string {
@@ -2760,7 +2944,7 @@ type GetPoolLeaseResponse struct {
 
 func (x *GetPoolLeaseResponse) Reset() {
 	*x = GetPoolLeaseResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[36]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2772,7 +2956,7 @@ func (x *GetPoolLeaseResponse) String() string {
 func (*GetPoolLeaseResponse) ProtoMessage() {}
 
 func (x *GetPoolLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[36]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2785,7 +2969,7 @@ func (x *GetPoolLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolLeaseResponse.ProtoReflect.Descriptor instead.
 func (*GetPoolLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{36}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetPoolLeaseResponse) GetPoolLease() *PoolLease {
@@ -2815,7 +2999,7 @@ type ListPoolLeasesRequest struct {
 
 func (x *ListPoolLeasesRequest) Reset() {
 	*x = ListPoolLeasesRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[37]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2827,7 +3011,7 @@ func (x *ListPoolLeasesRequest) String() string {
 func (*ListPoolLeasesRequest) ProtoMessage() {}
 
 func (x *ListPoolLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[37]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2840,7 +3024,7 @@ func (x *ListPoolLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{37}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListPoolLeasesRequest) GetPageSize() int32 {
@@ -2891,7 +3075,7 @@ type ListPoolLeasesResponse struct {
 
 func (x *ListPoolLeasesResponse) Reset() {
 	*x = ListPoolLeasesResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[38]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2903,7 +3087,7 @@ func (x *ListPoolLeasesResponse) String() string {
 func (*ListPoolLeasesResponse) ProtoMessage() {}
 
 func (x *ListPoolLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[38]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2916,7 +3100,7 @@ func (x *ListPoolLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{38}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListPoolLeasesResponse) GetPoolLeases() []*PoolLease {
@@ -2944,7 +3128,7 @@ type ReleasePoolLeaseRequest struct {
 
 func (x *ReleasePoolLeaseRequest) Reset() {
 	*x = ReleasePoolLeaseRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[39]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2956,7 +3140,7 @@ func (x *ReleasePoolLeaseRequest) String() string {
 func (*ReleasePoolLeaseRequest) ProtoMessage() {}
 
 func (x *ReleasePoolLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[39]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2969,7 +3153,7 @@ func (x *ReleasePoolLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleasePoolLeaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleasePoolLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{39}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ReleasePoolLeaseRequest) GetPoolLeaseId() string {
@@ -2991,7 +3175,7 @@ type ReleasePoolLeaseResponse struct {
 
 func (x *ReleasePoolLeaseResponse) Reset() {
 	*x = ReleasePoolLeaseResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[40]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3003,7 +3187,7 @@ func (x *ReleasePoolLeaseResponse) String() string {
 func (*ReleasePoolLeaseResponse) ProtoMessage() {}
 
 func (x *ReleasePoolLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[40]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3016,7 +3200,7 @@ func (x *ReleasePoolLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleasePoolLeaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleasePoolLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{40}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ReleasePoolLeaseResponse) GetPoolLease() *PoolLease {
@@ -3044,7 +3228,7 @@ type CreateSinkRequest struct {
 
 func (x *CreateSinkRequest) Reset() {
 	*x = CreateSinkRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[41]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3056,7 +3240,7 @@ func (x *CreateSinkRequest) String() string {
 func (*CreateSinkRequest) ProtoMessage() {}
 
 func (x *CreateSinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[41]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3069,7 +3253,7 @@ func (x *CreateSinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSinkRequest.ProtoReflect.Descriptor instead.
 func (*CreateSinkRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{41}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CreateSinkRequest) GetSinkId() string {
@@ -3111,7 +3295,7 @@ type CreateSinkResponse struct {
 
 func (x *CreateSinkResponse) Reset() {
 	*x = CreateSinkResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[42]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3123,7 +3307,7 @@ func (x *CreateSinkResponse) String() string {
 func (*CreateSinkResponse) ProtoMessage() {}
 
 func (x *CreateSinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[42]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3136,7 +3320,7 @@ func (x *CreateSinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSinkResponse.ProtoReflect.Descriptor instead.
 func (*CreateSinkResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{42}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CreateSinkResponse) GetSink() *Sink {
@@ -3155,7 +3339,7 @@ type ListSinksRequest struct {
 
 func (x *ListSinksRequest) Reset() {
 	*x = ListSinksRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[43]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3167,7 +3351,7 @@ func (x *ListSinksRequest) String() string {
 func (*ListSinksRequest) ProtoMessage() {}
 
 func (x *ListSinksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[43]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3180,7 +3364,7 @@ func (x *ListSinksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSinksRequest.ProtoReflect.Descriptor instead.
 func (*ListSinksRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{43}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{45}
 }
 
 // ListSinksResponse is the response of ListSinks.
@@ -3194,7 +3378,7 @@ type ListSinksResponse struct {
 
 func (x *ListSinksResponse) Reset() {
 	*x = ListSinksResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[44]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3206,7 +3390,7 @@ func (x *ListSinksResponse) String() string {
 func (*ListSinksResponse) ProtoMessage() {}
 
 func (x *ListSinksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[44]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3219,7 +3403,7 @@ func (x *ListSinksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSinksResponse.ProtoReflect.Descriptor instead.
 func (*ListSinksResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{44}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListSinksResponse) GetSinks() []*Sink {
@@ -3240,7 +3424,7 @@ type DeleteSinkRequest struct {
 
 func (x *DeleteSinkRequest) Reset() {
 	*x = DeleteSinkRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[45]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3252,7 +3436,7 @@ func (x *DeleteSinkRequest) String() string {
 func (*DeleteSinkRequest) ProtoMessage() {}
 
 func (x *DeleteSinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[45]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3265,7 +3449,7 @@ func (x *DeleteSinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSinkRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSinkRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{45}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DeleteSinkRequest) GetSinkId() string {
@@ -3284,7 +3468,7 @@ type DeleteSinkResponse struct {
 
 func (x *DeleteSinkResponse) Reset() {
 	*x = DeleteSinkResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[46]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3296,7 +3480,7 @@ func (x *DeleteSinkResponse) String() string {
 func (*DeleteSinkResponse) ProtoMessage() {}
 
 func (x *DeleteSinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[46]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3309,7 +3493,7 @@ func (x *DeleteSinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSinkResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSinkResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{46}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{48}
 }
 
 // ListLeasesRequest is the request of ListLeases.
@@ -3329,7 +3513,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[47]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3341,7 +3525,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[47]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3354,7 +3538,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{47}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListLeasesRequest) GetPageSize() int32 {
@@ -3391,7 +3575,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[48]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3403,7 +3587,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[48]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3416,7 +3600,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{48}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*Lease {
@@ -3444,7 +3628,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[49]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3456,7 +3640,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[49]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3469,7 +3653,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{49}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListWorkersRequest) GetGroup() string {
@@ -3490,7 +3674,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[50]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3502,7 +3686,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[50]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3515,7 +3699,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{50}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*Worker {
@@ -3534,7 +3718,7 @@ type ListGatewaysRequest struct {
 
 func (x *ListGatewaysRequest) Reset() {
 	*x = ListGatewaysRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[51]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3546,7 +3730,7 @@ func (x *ListGatewaysRequest) String() string {
 func (*ListGatewaysRequest) ProtoMessage() {}
 
 func (x *ListGatewaysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[51]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3559,7 +3743,7 @@ func (x *ListGatewaysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGatewaysRequest.ProtoReflect.Descriptor instead.
 func (*ListGatewaysRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{51}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{53}
 }
 
 // ListGatewaysResponse is the response of ListGateways.
@@ -3573,7 +3757,7 @@ type ListGatewaysResponse struct {
 
 func (x *ListGatewaysResponse) Reset() {
 	*x = ListGatewaysResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[52]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3585,7 +3769,7 @@ func (x *ListGatewaysResponse) String() string {
 func (*ListGatewaysResponse) ProtoMessage() {}
 
 func (x *ListGatewaysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[52]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3598,7 +3782,7 @@ func (x *ListGatewaysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGatewaysResponse.ProtoReflect.Descriptor instead.
 func (*ListGatewaysResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{52}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ListGatewaysResponse) GetGateways() []*Gateway {
@@ -3633,7 +3817,7 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"revoked_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\trevokedAt\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x98\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x84\x05\n" +
 	"\aCommand\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
@@ -3647,7 +3831,12 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"created_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
 	"updated_at\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"\xcb\x02\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12J\n" +
+	"\x13cancel_requested_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\x11cancelRequestedAt\x12)\n" +
+	"\x10cancel_confirmed\x18\x15 \x01(\bR\x0fcancelConfirmed\x12%\n" +
+	"\x0ecancel_outcome\x18\x16 \x01(\tR\rcancelOutcome\x12!\n" +
+	"\foutput_bytes\x18\x17 \x01(\x03R\voutputBytes\x12)\n" +
+	"\x10output_truncated\x18\x18 \x01(\bR\x0foutputTruncated\"\xcb\x02\n" +
 	"\rCommandResult\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x1b\n" +
@@ -3787,7 +3976,16 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\x8b\x01\n" +
 	"\x13WaitCommandResponse\x127\n" +
 	"\acommand\x18\x01 \x01(\v2\x1d.leasehold.control.v1.CommandR\acommand\x12;\n" +
-	"\x06result\x18\x02 \x01(\v2#.leasehold.control.v1.CommandResultR\x06result\"\xd6\x01\n" +
+	"\x06result\x18\x02 \x01(\v2#.leasehold.control.v1.CommandResultR\x06result\"S\n" +
+	"\x1aStreamCommandOutputRequest\x12\x1d\n" +
+	"\n" +
+	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x03R\x06offset\"\xa0\x01\n" +
+	"\x1bStreamCommandOutputResponse\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x03R\x06offset\x127\n" +
+	"\x06stream\x18\x02 \x01(\x0e2\x1f.leasehold.node.v1.OutputStreamR\x06stream\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12\x1c\n" +
+	"\ttruncated\x18\x04 \x01(\bR\ttruncated\"\xd6\x01\n" +
 	"\x11CreatePoolRequest\x12\x17\n" +
 	"\apool_id\x18\x01 \x01(\tR\x06poolId\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12K\n" +
@@ -3892,7 +4090,7 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\x19POOL_LEASE_STATE_RELEASED\x10\x03*<\n" +
 	"\bSinkKind\x12\x19\n" +
 	"\x15SINK_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
-	"\x11SINK_KIND_WEBHOOK\x10\x012\xa8\x11\n" +
+	"\x11SINK_KIND_WEBHOOK\x10\x012\xa6\x12\n" +
 	"\x0eControlService\x12e\n" +
 	"\fRegisterNode\x12).leasehold.control.v1.RegisterNodeRequest\x1a*.leasehold.control.v1.RegisterNodeResponse\x12_\n" +
 	"\n" +
@@ -3921,7 +4119,8 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\n" +
 	"ListLeases\x12'.leasehold.control.v1.ListLeasesRequest\x1a(.leasehold.control.v1.ListLeasesResponse\x12b\n" +
 	"\vListWorkers\x12(.leasehold.control.v1.ListWorkersRequest\x1a).leasehold.control.v1.ListWorkersResponse\x12e\n" +
-	"\fListGateways\x12).leasehold.control.v1.ListGatewaysRequest\x1a*.leasehold.control.v1.ListGatewaysResponseB\xe1\x01\n" +
+	"\fListGateways\x12).leasehold.control.v1.ListGatewaysRequest\x1a*.leasehold.control.v1.ListGatewaysResponse\x12|\n" +
+	"\x13StreamCommandOutput\x120.leasehold.control.v1.StreamCommandOutputRequest\x1a1.leasehold.control.v1.StreamCommandOutputResponse0\x01B\xe1\x01\n" +
 	"\x18com.leasehold.control.v1B\fControlProtoP\x01ZEgithub.com/leasehold/leasehold/pkg/gen/leasehold/control/v1;controlv1\xa2\x02\x03LCX\xaa\x02\x14Leasehold.Control.V1\xca\x02\x14Leasehold\\Control\\V1\xe2\x02 Leasehold\\Control\\V1\\GPBMetadata\xea\x02\x16Leasehold::Control::V1b\x06proto3"
 
 var (
@@ -3937,185 +4136,192 @@ func file_leasehold_control_v1_control_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_control_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_leasehold_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
+var file_leasehold_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_leasehold_control_v1_control_proto_goTypes = []any{
-	(NodeState)(0),                   // 0: leasehold.control.v1.NodeState
-	(CommandState)(0),                // 1: leasehold.control.v1.CommandState
-	(PoolLeaseState)(0),              // 2: leasehold.control.v1.PoolLeaseState
-	(SinkKind)(0),                    // 3: leasehold.control.v1.SinkKind
-	(*Node)(nil),                     // 4: leasehold.control.v1.Node
-	(*Command)(nil),                  // 5: leasehold.control.v1.Command
-	(*CommandResult)(nil),            // 6: leasehold.control.v1.CommandResult
-	(*Pool)(nil),                     // 7: leasehold.control.v1.Pool
-	(*PoolLease)(nil),                // 8: leasehold.control.v1.PoolLease
-	(*Sink)(nil),                     // 9: leasehold.control.v1.Sink
-	(*Lease)(nil),                    // 10: leasehold.control.v1.Lease
-	(*Worker)(nil),                   // 11: leasehold.control.v1.Worker
-	(*Gateway)(nil),                  // 12: leasehold.control.v1.Gateway
-	(*RegisterNodeRequest)(nil),      // 13: leasehold.control.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),     // 14: leasehold.control.v1.RegisterNodeResponse
-	(*RevokeNodeRequest)(nil),        // 15: leasehold.control.v1.RevokeNodeRequest
-	(*RevokeNodeResponse)(nil),       // 16: leasehold.control.v1.RevokeNodeResponse
-	(*GetNodeRequest)(nil),           // 17: leasehold.control.v1.GetNodeRequest
-	(*GetNodeResponse)(nil),          // 18: leasehold.control.v1.GetNodeResponse
-	(*ListNodesRequest)(nil),         // 19: leasehold.control.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),        // 20: leasehold.control.v1.ListNodesResponse
-	(*CreateCommandRequest)(nil),     // 21: leasehold.control.v1.CreateCommandRequest
-	(*CreateCommandResponse)(nil),    // 22: leasehold.control.v1.CreateCommandResponse
-	(*GetCommandRequest)(nil),        // 23: leasehold.control.v1.GetCommandRequest
-	(*GetCommandResponse)(nil),       // 24: leasehold.control.v1.GetCommandResponse
-	(*ListCommandsRequest)(nil),      // 25: leasehold.control.v1.ListCommandsRequest
-	(*ListCommandsResponse)(nil),     // 26: leasehold.control.v1.ListCommandsResponse
-	(*CancelCommandRequest)(nil),     // 27: leasehold.control.v1.CancelCommandRequest
-	(*CancelCommandResponse)(nil),    // 28: leasehold.control.v1.CancelCommandResponse
-	(*WaitCommandRequest)(nil),       // 29: leasehold.control.v1.WaitCommandRequest
-	(*WaitCommandResponse)(nil),      // 30: leasehold.control.v1.WaitCommandResponse
-	(*CreatePoolRequest)(nil),        // 31: leasehold.control.v1.CreatePoolRequest
-	(*CreatePoolResponse)(nil),       // 32: leasehold.control.v1.CreatePoolResponse
-	(*GetPoolRequest)(nil),           // 33: leasehold.control.v1.GetPoolRequest
-	(*GetPoolResponse)(nil),          // 34: leasehold.control.v1.GetPoolResponse
-	(*ListPoolsRequest)(nil),         // 35: leasehold.control.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),        // 36: leasehold.control.v1.ListPoolsResponse
-	(*CreatePoolLeaseRequest)(nil),   // 37: leasehold.control.v1.CreatePoolLeaseRequest
-	(*CreatePoolLeaseResponse)(nil),  // 38: leasehold.control.v1.CreatePoolLeaseResponse
-	(*GetPoolLeaseRequest)(nil),      // 39: leasehold.control.v1.GetPoolLeaseRequest
-	(*GetPoolLeaseResponse)(nil),     // 40: leasehold.control.v1.GetPoolLeaseResponse
-	(*ListPoolLeasesRequest)(nil),    // 41: leasehold.control.v1.ListPoolLeasesRequest
-	(*ListPoolLeasesResponse)(nil),   // 42: leasehold.control.v1.ListPoolLeasesResponse
-	(*ReleasePoolLeaseRequest)(nil),  // 43: leasehold.control.v1.ReleasePoolLeaseRequest
-	(*ReleasePoolLeaseResponse)(nil), // 44: leasehold.control.v1.ReleasePoolLeaseResponse
-	(*CreateSinkRequest)(nil),        // 45: leasehold.control.v1.CreateSinkRequest
-	(*CreateSinkResponse)(nil),       // 46: leasehold.control.v1.CreateSinkResponse
-	(*ListSinksRequest)(nil),         // 47: leasehold.control.v1.ListSinksRequest
-	(*ListSinksResponse)(nil),        // 48: leasehold.control.v1.ListSinksResponse
-	(*DeleteSinkRequest)(nil),        // 49: leasehold.control.v1.DeleteSinkRequest
-	(*DeleteSinkResponse)(nil),       // 50: leasehold.control.v1.DeleteSinkResponse
-	(*ListLeasesRequest)(nil),        // 51: leasehold.control.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),       // 52: leasehold.control.v1.ListLeasesResponse
-	(*ListWorkersRequest)(nil),       // 53: leasehold.control.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),      // 54: leasehold.control.v1.ListWorkersResponse
-	(*ListGatewaysRequest)(nil),      // 55: leasehold.control.v1.ListGatewaysRequest
-	(*ListGatewaysResponse)(nil),     // 56: leasehold.control.v1.ListGatewaysResponse
-	nil,                              // 57: leasehold.control.v1.Node.LabelsEntry
-	nil,                              // 58: leasehold.control.v1.Pool.LabelsEntry
-	nil,                              // 59: leasehold.control.v1.PoolLease.SelectorEntry
-	nil,                              // 60: leasehold.control.v1.RegisterNodeRequest.LabelsEntry
-	nil,                              // 61: leasehold.control.v1.CreatePoolRequest.LabelsEntry
-	nil,                              // 62: leasehold.control.v1.CreatePoolLeaseRequest.SelectorEntry
-	(v1.NodeKind)(0),                 // 63: leasehold.node.v1.NodeKind
-	(*timestamppb.Timestamp)(nil),    // 64: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 65: google.protobuf.Duration
+	(NodeState)(0),                      // 0: leasehold.control.v1.NodeState
+	(CommandState)(0),                   // 1: leasehold.control.v1.CommandState
+	(PoolLeaseState)(0),                 // 2: leasehold.control.v1.PoolLeaseState
+	(SinkKind)(0),                       // 3: leasehold.control.v1.SinkKind
+	(*Node)(nil),                        // 4: leasehold.control.v1.Node
+	(*Command)(nil),                     // 5: leasehold.control.v1.Command
+	(*CommandResult)(nil),               // 6: leasehold.control.v1.CommandResult
+	(*Pool)(nil),                        // 7: leasehold.control.v1.Pool
+	(*PoolLease)(nil),                   // 8: leasehold.control.v1.PoolLease
+	(*Sink)(nil),                        // 9: leasehold.control.v1.Sink
+	(*Lease)(nil),                       // 10: leasehold.control.v1.Lease
+	(*Worker)(nil),                      // 11: leasehold.control.v1.Worker
+	(*Gateway)(nil),                     // 12: leasehold.control.v1.Gateway
+	(*RegisterNodeRequest)(nil),         // 13: leasehold.control.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),        // 14: leasehold.control.v1.RegisterNodeResponse
+	(*RevokeNodeRequest)(nil),           // 15: leasehold.control.v1.RevokeNodeRequest
+	(*RevokeNodeResponse)(nil),          // 16: leasehold.control.v1.RevokeNodeResponse
+	(*GetNodeRequest)(nil),              // 17: leasehold.control.v1.GetNodeRequest
+	(*GetNodeResponse)(nil),             // 18: leasehold.control.v1.GetNodeResponse
+	(*ListNodesRequest)(nil),            // 19: leasehold.control.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),           // 20: leasehold.control.v1.ListNodesResponse
+	(*CreateCommandRequest)(nil),        // 21: leasehold.control.v1.CreateCommandRequest
+	(*CreateCommandResponse)(nil),       // 22: leasehold.control.v1.CreateCommandResponse
+	(*GetCommandRequest)(nil),           // 23: leasehold.control.v1.GetCommandRequest
+	(*GetCommandResponse)(nil),          // 24: leasehold.control.v1.GetCommandResponse
+	(*ListCommandsRequest)(nil),         // 25: leasehold.control.v1.ListCommandsRequest
+	(*ListCommandsResponse)(nil),        // 26: leasehold.control.v1.ListCommandsResponse
+	(*CancelCommandRequest)(nil),        // 27: leasehold.control.v1.CancelCommandRequest
+	(*CancelCommandResponse)(nil),       // 28: leasehold.control.v1.CancelCommandResponse
+	(*WaitCommandRequest)(nil),          // 29: leasehold.control.v1.WaitCommandRequest
+	(*WaitCommandResponse)(nil),         // 30: leasehold.control.v1.WaitCommandResponse
+	(*StreamCommandOutputRequest)(nil),  // 31: leasehold.control.v1.StreamCommandOutputRequest
+	(*StreamCommandOutputResponse)(nil), // 32: leasehold.control.v1.StreamCommandOutputResponse
+	(*CreatePoolRequest)(nil),           // 33: leasehold.control.v1.CreatePoolRequest
+	(*CreatePoolResponse)(nil),          // 34: leasehold.control.v1.CreatePoolResponse
+	(*GetPoolRequest)(nil),              // 35: leasehold.control.v1.GetPoolRequest
+	(*GetPoolResponse)(nil),             // 36: leasehold.control.v1.GetPoolResponse
+	(*ListPoolsRequest)(nil),            // 37: leasehold.control.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),           // 38: leasehold.control.v1.ListPoolsResponse
+	(*CreatePoolLeaseRequest)(nil),      // 39: leasehold.control.v1.CreatePoolLeaseRequest
+	(*CreatePoolLeaseResponse)(nil),     // 40: leasehold.control.v1.CreatePoolLeaseResponse
+	(*GetPoolLeaseRequest)(nil),         // 41: leasehold.control.v1.GetPoolLeaseRequest
+	(*GetPoolLeaseResponse)(nil),        // 42: leasehold.control.v1.GetPoolLeaseResponse
+	(*ListPoolLeasesRequest)(nil),       // 43: leasehold.control.v1.ListPoolLeasesRequest
+	(*ListPoolLeasesResponse)(nil),      // 44: leasehold.control.v1.ListPoolLeasesResponse
+	(*ReleasePoolLeaseRequest)(nil),     // 45: leasehold.control.v1.ReleasePoolLeaseRequest
+	(*ReleasePoolLeaseResponse)(nil),    // 46: leasehold.control.v1.ReleasePoolLeaseResponse
+	(*CreateSinkRequest)(nil),           // 47: leasehold.control.v1.CreateSinkRequest
+	(*CreateSinkResponse)(nil),          // 48: leasehold.control.v1.CreateSinkResponse
+	(*ListSinksRequest)(nil),            // 49: leasehold.control.v1.ListSinksRequest
+	(*ListSinksResponse)(nil),           // 50: leasehold.control.v1.ListSinksResponse
+	(*DeleteSinkRequest)(nil),           // 51: leasehold.control.v1.DeleteSinkRequest
+	(*DeleteSinkResponse)(nil),          // 52: leasehold.control.v1.DeleteSinkResponse
+	(*ListLeasesRequest)(nil),           // 53: leasehold.control.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),          // 54: leasehold.control.v1.ListLeasesResponse
+	(*ListWorkersRequest)(nil),          // 55: leasehold.control.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),         // 56: leasehold.control.v1.ListWorkersResponse
+	(*ListGatewaysRequest)(nil),         // 57: leasehold.control.v1.ListGatewaysRequest
+	(*ListGatewaysResponse)(nil),        // 58: leasehold.control.v1.ListGatewaysResponse
+	nil,                                 // 59: leasehold.control.v1.Node.LabelsEntry
+	nil,                                 // 60: leasehold.control.v1.Pool.LabelsEntry
+	nil,                                 // 61: leasehold.control.v1.PoolLease.SelectorEntry
+	nil,                                 // 62: leasehold.control.v1.RegisterNodeRequest.LabelsEntry
+	nil,                                 // 63: leasehold.control.v1.CreatePoolRequest.LabelsEntry
+	nil,                                 // 64: leasehold.control.v1.CreatePoolLeaseRequest.SelectorEntry
+	(v1.NodeKind)(0),                    // 65: leasehold.node.v1.NodeKind
+	(*timestamppb.Timestamp)(nil),       // 66: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),         // 67: google.protobuf.Duration
+	(v1.OutputStream)(0),                // 68: leasehold.node.v1.OutputStream
 }
 var file_leasehold_control_v1_control_proto_depIdxs = []int32{
-	63, // 0: leasehold.control.v1.Node.kind:type_name -> leasehold.node.v1.NodeKind
-	57, // 1: leasehold.control.v1.Node.labels:type_name -> leasehold.control.v1.Node.LabelsEntry
+	65, // 0: leasehold.control.v1.Node.kind:type_name -> leasehold.node.v1.NodeKind
+	59, // 1: leasehold.control.v1.Node.labels:type_name -> leasehold.control.v1.Node.LabelsEntry
 	0,  // 2: leasehold.control.v1.Node.state:type_name -> leasehold.control.v1.NodeState
-	64, // 3: leasehold.control.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
-	64, // 4: leasehold.control.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	64, // 5: leasehold.control.v1.Node.revoked_at:type_name -> google.protobuf.Timestamp
+	66, // 3: leasehold.control.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
+	66, // 4: leasehold.control.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	66, // 5: leasehold.control.v1.Node.revoked_at:type_name -> google.protobuf.Timestamp
 	1,  // 6: leasehold.control.v1.Command.state:type_name -> leasehold.control.v1.CommandState
-	64, // 7: leasehold.control.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	64, // 8: leasehold.control.v1.Command.created_at:type_name -> google.protobuf.Timestamp
-	64, // 9: leasehold.control.v1.Command.updated_at:type_name -> google.protobuf.Timestamp
-	64, // 10: leasehold.control.v1.CommandResult.started_at:type_name -> google.protobuf.Timestamp
-	64, // 11: leasehold.control.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	64, // 12: leasehold.control.v1.CommandResult.received_at:type_name -> google.protobuf.Timestamp
-	58, // 13: leasehold.control.v1.Pool.labels:type_name -> leasehold.control.v1.Pool.LabelsEntry
-	64, // 14: leasehold.control.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
-	59, // 15: leasehold.control.v1.PoolLease.selector:type_name -> leasehold.control.v1.PoolLease.SelectorEntry
-	2,  // 16: leasehold.control.v1.PoolLease.state:type_name -> leasehold.control.v1.PoolLeaseState
-	64, // 17: leasehold.control.v1.PoolLease.created_at:type_name -> google.protobuf.Timestamp
-	64, // 18: leasehold.control.v1.PoolLease.updated_at:type_name -> google.protobuf.Timestamp
-	64, // 19: leasehold.control.v1.PoolLease.released_at:type_name -> google.protobuf.Timestamp
-	3,  // 20: leasehold.control.v1.Sink.kind:type_name -> leasehold.control.v1.SinkKind
-	64, // 21: leasehold.control.v1.Sink.created_at:type_name -> google.protobuf.Timestamp
-	64, // 22: leasehold.control.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	64, // 23: leasehold.control.v1.Worker.heartbeat_at:type_name -> google.protobuf.Timestamp
-	65, // 24: leasehold.control.v1.Worker.clock_skew:type_name -> google.protobuf.Duration
-	64, // 25: leasehold.control.v1.Gateway.lease_expires_at:type_name -> google.protobuf.Timestamp
-	63, // 26: leasehold.control.v1.RegisterNodeRequest.kind:type_name -> leasehold.node.v1.NodeKind
-	60, // 27: leasehold.control.v1.RegisterNodeRequest.labels:type_name -> leasehold.control.v1.RegisterNodeRequest.LabelsEntry
-	4,  // 28: leasehold.control.v1.RegisterNodeResponse.node:type_name -> leasehold.control.v1.Node
-	4,  // 29: leasehold.control.v1.RevokeNodeResponse.node:type_name -> leasehold.control.v1.Node
-	4,  // 30: leasehold.control.v1.GetNodeResponse.node:type_name -> leasehold.control.v1.Node
-	0,  // 31: leasehold.control.v1.ListNodesRequest.state:type_name -> leasehold.control.v1.NodeState
-	4,  // 32: leasehold.control.v1.ListNodesResponse.nodes:type_name -> leasehold.control.v1.Node
-	64, // 33: leasehold.control.v1.CreateCommandRequest.deadline:type_name -> google.protobuf.Timestamp
-	65, // 34: leasehold.control.v1.CreateCommandRequest.timeout:type_name -> google.protobuf.Duration
-	5,  // 35: leasehold.control.v1.CreateCommandResponse.command:type_name -> leasehold.control.v1.Command
-	5,  // 36: leasehold.control.v1.GetCommandResponse.command:type_name -> leasehold.control.v1.Command
-	6,  // 37: leasehold.control.v1.GetCommandResponse.result:type_name -> leasehold.control.v1.CommandResult
-	1,  // 38: leasehold.control.v1.ListCommandsRequest.state:type_name -> leasehold.control.v1.CommandState
-	5,  // 39: leasehold.control.v1.ListCommandsResponse.commands:type_name -> leasehold.control.v1.Command
-	5,  // 40: leasehold.control.v1.CancelCommandResponse.command:type_name -> leasehold.control.v1.Command
-	65, // 41: leasehold.control.v1.WaitCommandRequest.timeout:type_name -> google.protobuf.Duration
-	5,  // 42: leasehold.control.v1.WaitCommandResponse.command:type_name -> leasehold.control.v1.Command
-	6,  // 43: leasehold.control.v1.WaitCommandResponse.result:type_name -> leasehold.control.v1.CommandResult
-	61, // 44: leasehold.control.v1.CreatePoolRequest.labels:type_name -> leasehold.control.v1.CreatePoolRequest.LabelsEntry
-	7,  // 45: leasehold.control.v1.CreatePoolResponse.pool:type_name -> leasehold.control.v1.Pool
-	7,  // 46: leasehold.control.v1.GetPoolResponse.pool:type_name -> leasehold.control.v1.Pool
-	7,  // 47: leasehold.control.v1.ListPoolsResponse.pools:type_name -> leasehold.control.v1.Pool
-	62, // 48: leasehold.control.v1.CreatePoolLeaseRequest.selector:type_name -> leasehold.control.v1.CreatePoolLeaseRequest.SelectorEntry
-	8,  // 49: leasehold.control.v1.CreatePoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
-	8,  // 50: leasehold.control.v1.GetPoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
-	2,  // 51: leasehold.control.v1.ListPoolLeasesRequest.state:type_name -> leasehold.control.v1.PoolLeaseState
-	8,  // 52: leasehold.control.v1.ListPoolLeasesResponse.pool_leases:type_name -> leasehold.control.v1.PoolLease
-	8,  // 53: leasehold.control.v1.ReleasePoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
-	3,  // 54: leasehold.control.v1.CreateSinkRequest.kind:type_name -> leasehold.control.v1.SinkKind
-	9,  // 55: leasehold.control.v1.CreateSinkResponse.sink:type_name -> leasehold.control.v1.Sink
-	9,  // 56: leasehold.control.v1.ListSinksResponse.sinks:type_name -> leasehold.control.v1.Sink
-	10, // 57: leasehold.control.v1.ListLeasesResponse.leases:type_name -> leasehold.control.v1.Lease
-	11, // 58: leasehold.control.v1.ListWorkersResponse.workers:type_name -> leasehold.control.v1.Worker
-	12, // 59: leasehold.control.v1.ListGatewaysResponse.gateways:type_name -> leasehold.control.v1.Gateway
-	13, // 60: leasehold.control.v1.ControlService.RegisterNode:input_type -> leasehold.control.v1.RegisterNodeRequest
-	15, // 61: leasehold.control.v1.ControlService.RevokeNode:input_type -> leasehold.control.v1.RevokeNodeRequest
-	17, // 62: leasehold.control.v1.ControlService.GetNode:input_type -> leasehold.control.v1.GetNodeRequest
-	19, // 63: leasehold.control.v1.ControlService.ListNodes:input_type -> leasehold.control.v1.ListNodesRequest
-	21, // 64: leasehold.control.v1.ControlService.CreateCommand:input_type -> leasehold.control.v1.CreateCommandRequest
-	23, // 65: leasehold.control.v1.ControlService.GetCommand:input_type -> leasehold.control.v1.GetCommandRequest
-	25, // 66: leasehold.control.v1.ControlService.ListCommands:input_type -> leasehold.control.v1.ListCommandsRequest
-	27, // 67: leasehold.control.v1.ControlService.CancelCommand:input_type -> leasehold.control.v1.CancelCommandRequest
-	29, // 68: leasehold.control.v1.ControlService.WaitCommand:input_type -> leasehold.control.v1.WaitCommandRequest
-	31, // 69: leasehold.control.v1.ControlService.CreatePool:input_type -> leasehold.control.v1.CreatePoolRequest
-	33, // 70: leasehold.control.v1.ControlService.GetPool:input_type -> leasehold.control.v1.GetPoolRequest
-	35, // 71: leasehold.control.v1.ControlService.ListPools:input_type -> leasehold.control.v1.ListPoolsRequest
-	37, // 72: leasehold.control.v1.ControlService.CreatePoolLease:input_type -> leasehold.control.v1.CreatePoolLeaseRequest
-	39, // 73: leasehold.control.v1.ControlService.GetPoolLease:input_type -> leasehold.control.v1.GetPoolLeaseRequest
-	41, // 74: leasehold.control.v1.ControlService.ListPoolLeases:input_type -> leasehold.control.v1.ListPoolLeasesRequest
-	43, // 75: leasehold.control.v1.ControlService.ReleasePoolLease:input_type -> leasehold.control.v1.ReleasePoolLeaseRequest
-	45, // 76: leasehold.control.v1.ControlService.CreateSink:input_type -> leasehold.control.v1.CreateSinkRequest
-	47, // 77: leasehold.control.v1.ControlService.ListSinks:input_type -> leasehold.control.v1.ListSinksRequest
-	49, // 78: leasehold.control.v1.ControlService.DeleteSink:input_type -> leasehold.control.v1.DeleteSinkRequest
-	51, // 79: leasehold.control.v1.ControlService.ListLeases:input_type -> leasehold.control.v1.ListLeasesRequest
-	53, // 80: leasehold.control.v1.ControlService.ListWorkers:input_type -> leasehold.control.v1.ListWorkersRequest
-	55, // 81: leasehold.control.v1.ControlService.ListGateways:input_type -> leasehold.control.v1.ListGatewaysRequest
-	14, // 82: leasehold.control.v1.ControlService.RegisterNode:output_type -> leasehold.control.v1.RegisterNodeResponse
-	16, // 83: leasehold.control.v1.ControlService.RevokeNode:output_type -> leasehold.control.v1.RevokeNodeResponse
-	18, // 84: leasehold.control.v1.ControlService.GetNode:output_type -> leasehold.control.v1.GetNodeResponse
-	20, // 85: leasehold.control.v1.ControlService.ListNodes:output_type -> leasehold.control.v1.ListNodesResponse
-	22, // 86: leasehold.control.v1.ControlService.CreateCommand:output_type -> leasehold.control.v1.CreateCommandResponse
-	24, // 87: leasehold.control.v1.ControlService.GetCommand:output_type -> leasehold.control.v1.GetCommandResponse
-	26, // 88: leasehold.control.v1.ControlService.ListCommands:output_type -> leasehold.control.v1.ListCommandsResponse
-	28, // 89: leasehold.control.v1.ControlService.CancelCommand:output_type -> leasehold.control.v1.CancelCommandResponse
-	30, // 90: leasehold.control.v1.ControlService.WaitCommand:output_type -> leasehold.control.v1.WaitCommandResponse
-	32, // 91: leasehold.control.v1.ControlService.CreatePool:output_type -> leasehold.control.v1.CreatePoolResponse
-	34, // 92: leasehold.control.v1.ControlService.GetPool:output_type -> leasehold.control.v1.GetPoolResponse
-	36, // 93: leasehold.control.v1.ControlService.ListPools:output_type -> leasehold.control.v1.ListPoolsResponse
-	38, // 94: leasehold.control.v1.ControlService.CreatePoolLease:output_type -> leasehold.control.v1.CreatePoolLeaseResponse
-	40, // 95: leasehold.control.v1.ControlService.GetPoolLease:output_type -> leasehold.control.v1.GetPoolLeaseResponse
-	42, // 96: leasehold.control.v1.ControlService.ListPoolLeases:output_type -> leasehold.control.v1.ListPoolLeasesResponse
-	44, // 97: leasehold.control.v1.ControlService.ReleasePoolLease:output_type -> leasehold.control.v1.ReleasePoolLeaseResponse
-	46, // 98: leasehold.control.v1.ControlService.CreateSink:output_type -> leasehold.control.v1.CreateSinkResponse
-	48, // 99: leasehold.control.v1.ControlService.ListSinks:output_type -> leasehold.control.v1.ListSinksResponse
-	50, // 100: leasehold.control.v1.ControlService.DeleteSink:output_type -> leasehold.control.v1.DeleteSinkResponse
-	52, // 101: leasehold.control.v1.ControlService.ListLeases:output_type -> leasehold.control.v1.ListLeasesResponse
-	54, // 102: leasehold.control.v1.ControlService.ListWorkers:output_type -> leasehold.control.v1.ListWorkersResponse
-	56, // 103: leasehold.control.v1.ControlService.ListGateways:output_type -> leasehold.control.v1.ListGatewaysResponse
-	82, // [82:104] is the sub-list for method output_type
-	60, // [60:82] is the sub-list for method input_type
-	60, // [60:60] is the sub-list for extension type_name
-	60, // [60:60] is the sub-list for extension extendee
-	0,  // [0:60] is the sub-list for field type_name
+	66, // 7: leasehold.control.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	66, // 8: leasehold.control.v1.Command.created_at:type_name -> google.protobuf.Timestamp
+	66, // 9: leasehold.control.v1.Command.updated_at:type_name -> google.protobuf.Timestamp
+	66, // 10: leasehold.control.v1.Command.cancel_requested_at:type_name -> google.protobuf.Timestamp
+	66, // 11: leasehold.control.v1.CommandResult.started_at:type_name -> google.protobuf.Timestamp
+	66, // 12: leasehold.control.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	66, // 13: leasehold.control.v1.CommandResult.received_at:type_name -> google.protobuf.Timestamp
+	60, // 14: leasehold.control.v1.Pool.labels:type_name -> leasehold.control.v1.Pool.LabelsEntry
+	66, // 15: leasehold.control.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
+	61, // 16: leasehold.control.v1.PoolLease.selector:type_name -> leasehold.control.v1.PoolLease.SelectorEntry
+	2,  // 17: leasehold.control.v1.PoolLease.state:type_name -> leasehold.control.v1.PoolLeaseState
+	66, // 18: leasehold.control.v1.PoolLease.created_at:type_name -> google.protobuf.Timestamp
+	66, // 19: leasehold.control.v1.PoolLease.updated_at:type_name -> google.protobuf.Timestamp
+	66, // 20: leasehold.control.v1.PoolLease.released_at:type_name -> google.protobuf.Timestamp
+	3,  // 21: leasehold.control.v1.Sink.kind:type_name -> leasehold.control.v1.SinkKind
+	66, // 22: leasehold.control.v1.Sink.created_at:type_name -> google.protobuf.Timestamp
+	66, // 23: leasehold.control.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	66, // 24: leasehold.control.v1.Worker.heartbeat_at:type_name -> google.protobuf.Timestamp
+	67, // 25: leasehold.control.v1.Worker.clock_skew:type_name -> google.protobuf.Duration
+	66, // 26: leasehold.control.v1.Gateway.lease_expires_at:type_name -> google.protobuf.Timestamp
+	65, // 27: leasehold.control.v1.RegisterNodeRequest.kind:type_name -> leasehold.node.v1.NodeKind
+	62, // 28: leasehold.control.v1.RegisterNodeRequest.labels:type_name -> leasehold.control.v1.RegisterNodeRequest.LabelsEntry
+	4,  // 29: leasehold.control.v1.RegisterNodeResponse.node:type_name -> leasehold.control.v1.Node
+	4,  // 30: leasehold.control.v1.RevokeNodeResponse.node:type_name -> leasehold.control.v1.Node
+	4,  // 31: leasehold.control.v1.GetNodeResponse.node:type_name -> leasehold.control.v1.Node
+	0,  // 32: leasehold.control.v1.ListNodesRequest.state:type_name -> leasehold.control.v1.NodeState
+	4,  // 33: leasehold.control.v1.ListNodesResponse.nodes:type_name -> leasehold.control.v1.Node
+	66, // 34: leasehold.control.v1.CreateCommandRequest.deadline:type_name -> google.protobuf.Timestamp
+	67, // 35: leasehold.control.v1.CreateCommandRequest.timeout:type_name -> google.protobuf.Duration
+	5,  // 36: leasehold.control.v1.CreateCommandResponse.command:type_name -> leasehold.control.v1.Command
+	5,  // 37: leasehold.control.v1.GetCommandResponse.command:type_name -> leasehold.control.v1.Command
+	6,  // 38: leasehold.control.v1.GetCommandResponse.result:type_name -> leasehold.control.v1.CommandResult
+	1,  // 39: leasehold.control.v1.ListCommandsRequest.state:type_name -> leasehold.control.v1.CommandState
+	5,  // 40: leasehold.control.v1.ListCommandsResponse.commands:type_name -> leasehold.control.v1.Command
+	5,  // 41: leasehold.control.v1.CancelCommandResponse.command:type_name -> leasehold.control.v1.Command
+	67, // 42: leasehold.control.v1.WaitCommandRequest.timeout:type_name -> google.protobuf.Duration
+	5,  // 43: leasehold.control.v1.WaitCommandResponse.command:type_name -> leasehold.control.v1.Command
+	6,  // 44: leasehold.control.v1.WaitCommandResponse.result:type_name -> leasehold.control.v1.CommandResult
+	68, // 45: leasehold.control.v1.StreamCommandOutputResponse.stream:type_name -> leasehold.node.v1.OutputStream
+	63, // 46: leasehold.control.v1.CreatePoolRequest.labels:type_name -> leasehold.control.v1.CreatePoolRequest.LabelsEntry
+	7,  // 47: leasehold.control.v1.CreatePoolResponse.pool:type_name -> leasehold.control.v1.Pool
+	7,  // 48: leasehold.control.v1.GetPoolResponse.pool:type_name -> leasehold.control.v1.Pool
+	7,  // 49: leasehold.control.v1.ListPoolsResponse.pools:type_name -> leasehold.control.v1.Pool
+	64, // 50: leasehold.control.v1.CreatePoolLeaseRequest.selector:type_name -> leasehold.control.v1.CreatePoolLeaseRequest.SelectorEntry
+	8,  // 51: leasehold.control.v1.CreatePoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
+	8,  // 52: leasehold.control.v1.GetPoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
+	2,  // 53: leasehold.control.v1.ListPoolLeasesRequest.state:type_name -> leasehold.control.v1.PoolLeaseState
+	8,  // 54: leasehold.control.v1.ListPoolLeasesResponse.pool_leases:type_name -> leasehold.control.v1.PoolLease
+	8,  // 55: leasehold.control.v1.ReleasePoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
+	3,  // 56: leasehold.control.v1.CreateSinkRequest.kind:type_name -> leasehold.control.v1.SinkKind
+	9,  // 57: leasehold.control.v1.CreateSinkResponse.sink:type_name -> leasehold.control.v1.Sink
+	9,  // 58: leasehold.control.v1.ListSinksResponse.sinks:type_name -> leasehold.control.v1.Sink
+	10, // 59: leasehold.control.v1.ListLeasesResponse.leases:type_name -> leasehold.control.v1.Lease
+	11, // 60: leasehold.control.v1.ListWorkersResponse.workers:type_name -> leasehold.control.v1.Worker
+	12, // 61: leasehold.control.v1.ListGatewaysResponse.gateways:type_name -> leasehold.control.v1.Gateway
+	13, // 62: leasehold.control.v1.ControlService.RegisterNode:input_type -> leasehold.control.v1.RegisterNodeRequest
+	15, // 63: leasehold.control.v1.ControlService.RevokeNode:input_type -> leasehold.control.v1.RevokeNodeRequest
+	17, // 64: leasehold.control.v1.ControlService.GetNode:input_type -> leasehold.control.v1.GetNodeRequest
+	19, // 65: leasehold.control.v1.ControlService.ListNodes:input_type -> leasehold.control.v1.ListNodesRequest
+	21, // 66: leasehold.control.v1.ControlService.CreateCommand:input_type -> leasehold.control.v1.CreateCommandRequest
+	23, // 67: leasehold.control.v1.ControlService.GetCommand:input_type -> leasehold.control.v1.GetCommandRequest
+	25, // 68: leasehold.control.v1.ControlService.ListCommands:input_type -> leasehold.control.v1.ListCommandsRequest
+	27, // 69: leasehold.control.v1.ControlService.CancelCommand:input_type -> leasehold.control.v1.CancelCommandRequest
+	29, // 70: leasehold.control.v1.ControlService.WaitCommand:input_type -> leasehold.control.v1.WaitCommandRequest
+	33, // 71: leasehold.control.v1.ControlService.CreatePool:input_type -> leasehold.control.v1.CreatePoolRequest
+	35, // 72: leasehold.control.v1.ControlService.GetPool:input_type -> leasehold.control.v1.GetPoolRequest
+	37, // 73: leasehold.control.v1.ControlService.ListPools:input_type -> leasehold.control.v1.ListPoolsRequest
+	39, // 74: leasehold.control.v1.ControlService.CreatePoolLease:input_type -> leasehold.control.v1.CreatePoolLeaseRequest
+	41, // 75: leasehold.control.v1.ControlService.GetPoolLease:input_type -> leasehold.control.v1.GetPoolLeaseRequest
+	43, // 76: leasehold.control.v1.ControlService.ListPoolLeases:input_type -> leasehold.control.v1.ListPoolLeasesRequest
+	45, // 77: leasehold.control.v1.ControlService.ReleasePoolLease:input_type -> leasehold.control.v1.ReleasePoolLeaseRequest
+	47, // 78: leasehold.control.v1.ControlService.CreateSink:input_type -> leasehold.control.v1.CreateSinkRequest
+	49, // 79: leasehold.control.v1.ControlService.ListSinks:input_type -> leasehold.control.v1.ListSinksRequest
+	51, // 80: leasehold.control.v1.ControlService.DeleteSink:input_type -> leasehold.control.v1.DeleteSinkRequest
+	53, // 81: leasehold.control.v1.ControlService.ListLeases:input_type -> leasehold.control.v1.ListLeasesRequest
+	55, // 82: leasehold.control.v1.ControlService.ListWorkers:input_type -> leasehold.control.v1.ListWorkersRequest
+	57, // 83: leasehold.control.v1.ControlService.ListGateways:input_type -> leasehold.control.v1.ListGatewaysRequest
+	31, // 84: leasehold.control.v1.ControlService.StreamCommandOutput:input_type -> leasehold.control.v1.StreamCommandOutputRequest
+	14, // 85: leasehold.control.v1.ControlService.RegisterNode:output_type -> leasehold.control.v1.RegisterNodeResponse
+	16, // 86: leasehold.control.v1.ControlService.RevokeNode:output_type -> leasehold.control.v1.RevokeNodeResponse
+	18, // 87: leasehold.control.v1.ControlService.GetNode:output_type -> leasehold.control.v1.GetNodeResponse
+	20, // 88: leasehold.control.v1.ControlService.ListNodes:output_type -> leasehold.control.v1.ListNodesResponse
+	22, // 89: leasehold.control.v1.ControlService.CreateCommand:output_type -> leasehold.control.v1.CreateCommandResponse
+	24, // 90: leasehold.control.v1.ControlService.GetCommand:output_type -> leasehold.control.v1.GetCommandResponse
+	26, // 91: leasehold.control.v1.ControlService.ListCommands:output_type -> leasehold.control.v1.ListCommandsResponse
+	28, // 92: leasehold.control.v1.ControlService.CancelCommand:output_type -> leasehold.control.v1.CancelCommandResponse
+	30, // 93: leasehold.control.v1.ControlService.WaitCommand:output_type -> leasehold.control.v1.WaitCommandResponse
+	34, // 94: leasehold.control.v1.ControlService.CreatePool:output_type -> leasehold.control.v1.CreatePoolResponse
+	36, // 95: leasehold.control.v1.ControlService.GetPool:output_type -> leasehold.control.v1.GetPoolResponse
+	38, // 96: leasehold.control.v1.ControlService.ListPools:output_type -> leasehold.control.v1.ListPoolsResponse
+	40, // 97: leasehold.control.v1.ControlService.CreatePoolLease:output_type -> leasehold.control.v1.CreatePoolLeaseResponse
+	42, // 98: leasehold.control.v1.ControlService.GetPoolLease:output_type -> leasehold.control.v1.GetPoolLeaseResponse
+	44, // 99: leasehold.control.v1.ControlService.ListPoolLeases:output_type -> leasehold.control.v1.ListPoolLeasesResponse
+	46, // 100: leasehold.control.v1.ControlService.ReleasePoolLease:output_type -> leasehold.control.v1.ReleasePoolLeaseResponse
+	48, // 101: leasehold.control.v1.ControlService.CreateSink:output_type -> leasehold.control.v1.CreateSinkResponse
+	50, // 102: leasehold.control.v1.ControlService.ListSinks:output_type -> leasehold.control.v1.ListSinksResponse
+	52, // 103: leasehold.control.v1.ControlService.DeleteSink:output_type -> leasehold.control.v1.DeleteSinkResponse
+	54, // 104: leasehold.control.v1.ControlService.ListLeases:output_type -> leasehold.control.v1.ListLeasesResponse
+	56, // 105: leasehold.control.v1.ControlService.ListWorkers:output_type -> leasehold.control.v1.ListWorkersResponse
+	58, // 106: leasehold.control.v1.ControlService.ListGateways:output_type -> leasehold.control.v1.ListGatewaysResponse
+	32, // 107: leasehold.control.v1.ControlService.StreamCommandOutput:output_type -> leasehold.control.v1.StreamCommandOutputResponse
+	85, // [85:108] is the sub-list for method output_type
+	62, // [62:85] is the sub-list for method input_type
+	62, // [62:62] is the sub-list for extension type_name
+	62, // [62:62] is the sub-list for extension extendee
+	0,  // [0:62] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_control_v1_control_proto_init() }
@@ -4133,7 +4339,7 @@ func file_leasehold_control_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_control_v1_control_proto_rawDesc), len(file_leasehold_control_v1_control_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   59,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
