@@ -125,7 +125,7 @@ type Daemon struct {
 	backoff   Backoff
 
 	dials, welcomes, pushbacks, drains, executions, replays atomic.Int64
-	cancels, droppedOutput                                   atomic.Int64
+	cancels, droppedOutput                                  atomic.Int64
 
 	mu      sync.Mutex
 	running map[string]*execution
@@ -134,9 +134,9 @@ type Daemon struct {
 	stopped     map[string]bool
 	unsent      []*nodev1.ConnectRequest
 	unsentBytes int
-	stream  *connect.BidiStreamForClient[nodev1.ConnectRequest, nodev1.ConnectResponse]
-	welcome *nodev1.Welcome
-	wg      sync.WaitGroup
+	stream      *connect.BidiStreamForClient[nodev1.ConnectRequest, nodev1.ConnectResponse]
+	welcome     *nodev1.Welcome
+	wg          sync.WaitGroup
 }
 
 // New validates cfg and returns a daemon; Run starts it.

@@ -30,10 +30,14 @@ type outputKey struct{}
 // Stdout is the writer for the standard output of the command whose
 // Handler got ctx; io.Discard when ctx is not a Handler's. Writes never
 // fail and never block on the network.
-func Stdout(ctx context.Context) io.Writer { return outputFor(ctx, nodev1.OutputStream_OUTPUT_STREAM_STDOUT) }
+func Stdout(ctx context.Context) io.Writer {
+	return outputFor(ctx, nodev1.OutputStream_OUTPUT_STREAM_STDOUT)
+}
 
 // Stderr is Stdout's counterpart for the standard error.
-func Stderr(ctx context.Context) io.Writer { return outputFor(ctx, nodev1.OutputStream_OUTPUT_STREAM_STDERR) }
+func Stderr(ctx context.Context) io.Writer {
+	return outputFor(ctx, nodev1.OutputStream_OUTPUT_STREAM_STDERR)
+}
 
 func outputFor(ctx context.Context, stream nodev1.OutputStream) io.Writer {
 	o, ok := ctx.Value(outputKey{}).(*output)
