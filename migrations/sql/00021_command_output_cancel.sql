@@ -17,15 +17,17 @@ CREATE TABLE command_output (
     PRIMARY KEY (command_id, "offset")
 );
 
--- output_bytes counts the stored bytes (at most the cap) and
--- output_truncated says a marker was stored. cancel_requested_at is set by
+-- How much output is stored, and whether it was truncated, is read from
+-- the command's last command_output row (one index probe), not kept on
+-- commands: the group commit must not change a commands row twice in one
+-- statement, and a result and output of one command often share a batch.
+--
+-- cancel_requested_at is set by
 -- CancelCommand of a dispatched or acknowledged command; cancel_sent_epoch
 -- is the session epoch at which a gateway last sent the node CancelCommand
 -- (sent again at every new epoch until confirmed); cancel_confirmed_at and
 -- cancel_outcome are the node's answer.
 ALTER TABLE commands
-    ADD COLUMN output_bytes        bigint  NOT NULL DEFAULT 0,
-    ADD COLUMN output_truncated    boolean NOT NULL DEFAULT false,
     ADD COLUMN cancel_requested_at timestamptz,
     ADD COLUMN cancel_sent_epoch   bigint,
     ADD COLUMN cancel_confirmed_at timestamptz,
@@ -38,8 +40,6 @@ CREATE INDEX commands_cancel_pending_idx ON commands (node_id)
 -- +goose Down
 DROP INDEX commands_cancel_pending_idx;
 ALTER TABLE commands
-    DROP COLUMN output_bytes,
-    DROP COLUMN output_truncated,
     DROP COLUMN cancel_requested_at,
     DROP COLUMN cancel_sent_epoch,
     DROP COLUMN cancel_confirmed_at,

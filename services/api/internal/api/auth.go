@@ -22,6 +22,7 @@ var requiredRoles = map[string]apiauth.Role{
 	controlv1connect.ControlServiceGetCommandProcedure:     apiauth.RoleViewer,
 	controlv1connect.ControlServiceListCommandsProcedure:   apiauth.RoleViewer,
 	controlv1connect.ControlServiceWaitCommandProcedure:    apiauth.RoleViewer,
+	controlv1connect.ControlServiceStreamCommandOutputProcedure: apiauth.RoleViewer,
 	controlv1connect.ControlServiceGetPoolProcedure:        apiauth.RoleViewer,
 	controlv1connect.ControlServiceListPoolsProcedure:      apiauth.RoleViewer,
 	controlv1connect.ControlServiceGetPoolLeaseProcedure:   apiauth.RoleViewer,

@@ -27,6 +27,10 @@ type Config struct {
 	// EventRetention keeps node events this long (7 d) — longer when a sink
 	// has not delivered them yet.
 	EventRetention time.Duration
+	// OutputRetention keeps the live output (command_output) of finished
+	// commands this long (1 d); the command itself stays for
+	// CommandRetention.
+	OutputRetention time.Duration
 	// Batch bounds the rows deleted per table per run.
 	Batch int
 }
@@ -34,7 +38,7 @@ type Config struct {
 // DefaultConfig is the default.
 func DefaultConfig() Config {
 	return Config{Every: time.Minute, WorkersAfter: 10 * time.Minute, CommandRetention: 7 * 24 * time.Hour,
-		EventRetention: 7 * 24 * time.Hour, Batch: 5000}
+		EventRetention: 7 * 24 * time.Hour, OutputRetention: 24 * time.Hour, Batch: 5000}
 }
 
 // RegisterFlags registers the flags under prefix.
@@ -43,6 +47,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.DurationVar(&c.WorkersAfter, prefix+"workers-after", c.WorkersAfter, "delete workers rows silent this long")
 	f.DurationVar(&c.CommandRetention, prefix+"command-retention", c.CommandRetention, "keep finished commands and their results this long")
 	f.DurationVar(&c.EventRetention, prefix+"event-retention", c.EventRetention, "keep node events this long (undelivered ones are kept)")
+	f.DurationVar(&c.OutputRetention, prefix+"output-retention", c.OutputRetention, "keep the live output of finished commands this long")
 	f.IntVar(&c.Batch, prefix+"batch", c.Batch, "rows deleted per table per run")
 }
 
@@ -52,11 +57,14 @@ func (c Config) Validate() error {
 		return fmt.Errorf("janitor: interval %s >= 1s, workers-after %s, command-retention %s and event-retention %s >= 1m, batch %d >= 1",
 			c.Every, c.WorkersAfter, c.CommandRetention, c.EventRetention, c.Batch)
 	}
+	if c.OutputRetention < time.Minute {
+		return fmt.Errorf("janitor: output-retention %s must be >= 1m", c.OutputRetention)
+	}
 	return nil
 }
 
 // Counts is what one run deleted.
-type Counts struct{ Workers, Commands, Events int64 }
+type Counts struct{ Workers, Commands, Events, Output int64 }
 
 // Run trims every table once in tx.
 func Run(ctx context.Context, tx pgx.Tx, cfg Config) (Counts, error) {
@@ -90,6 +98,18 @@ DELETE FROM node_events WHERE (node_id, id) IN (
 		return c, fmt.Errorf("delete old events: %w", err)
 	}
 	c.Events = tag.RowsAffected()
+	// Live output goes before its command: pieces of commands finished
+	// longer ago than the output retention.
+	tag, err = tx.Exec(ctx, `
+DELETE FROM command_output WHERE (command_id, "offset") IN (
+  SELECT o.command_id, o."offset" FROM commands c JOIN command_output o ON o.command_id = c.id
+   WHERE c.state IN ('succeeded', 'failed', 'cancelled', 'expired')
+     AND c.finished_at < compute_now() - make_interval(secs => $1::float8)
+   LIMIT $2)`, cfg.OutputRetention.Seconds(), cfg.Batch)
+	if err != nil {
+		return c, fmt.Errorf("delete old command output: %w", err)
+	}
+	c.Output = tag.RowsAffected()
 	return c, nil
 }
 
@@ -105,6 +125,7 @@ func Register(rt *reconcile.Runtime, cfg Config, reg prometheus.Registerer) erro
 		deleted.WithLabelValues("workers").Add(float64(c.Workers))
 		deleted.WithLabelValues("commands").Add(float64(c.Commands))
 		deleted.WithLabelValues("node_events").Add(float64(c.Events))
+		deleted.WithLabelValues("command_output").Add(float64(c.Output))
 		return err
 	})
 }
