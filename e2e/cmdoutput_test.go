@@ -153,8 +153,8 @@ func TestCommandOutputAndCancelReachTheNode(t *testing.T) {
 	}
 	gwAddr, apiA, apiB := fleettest.Addr(t), fleettest.Addr(t), fleettest.Addr(t)
 	start("gateway", "gw_out", append([]string{"--listen-addr", gwAddr, "--gateway.output-cap", fmt.Sprint(e2eOutputCap)}, fleettest.FastGateway...)...)
-	start("api", "api_out_a", "--listen-addr", apiA, "--api.wait-poll-interval", "5s")
-	start("api", "api_out_b", "--listen-addr", apiB, "--api.wait-poll-interval", "5s")
+	start("api", "api_out_a", "--listen-addr", apiA, "--api.wait-poll-interval", "1s")
+	start("api", "api_out_b", "--listen-addr", apiB, "--api.wait-poll-interval", "1s")
 	opA := controlClient{controlv1connect.NewControlServiceClient(http.DefaultClient, "http://"+apiA), outputOperatorToken}
 	viewA := controlClient{controlv1connect.NewControlServiceClient(http.DefaultClient, "http://"+apiA), outputViewerToken}
 	viewB := controlClient{controlv1connect.NewControlServiceClient(http.DefaultClient, "http://"+apiB), outputViewerToken}
