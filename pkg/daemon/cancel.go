@@ -16,6 +16,9 @@ import (
 // cancelled, so it never runs, and answered NOT_STARTED. An ack lost with
 // its session is asked for again on the next Hello, and answered alike.
 
+// maxStopped bounds the commands remembered as stopped by a cancel.
+const maxStopped = 10000
+
 // execution is a command whose Handler is running.
 type execution struct {
 	cancel context.CancelFunc

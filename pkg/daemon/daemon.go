@@ -546,6 +546,9 @@ func (d *Daemon) handleCommand(ctx context.Context, cmd *nodev1.Command) {
 		delete(d.running, id)
 		cancelled = ex.cancelRequested // a cancel may have come while the result was journalled
 		if cancelled {
+			if len(d.stopped) >= maxStopped {
+				clear(d.stopped) // bounded: a forgotten one is answered ALREADY_FINISHED
+			}
 			d.stopped[id] = true
 		}
 		d.mu.Unlock()
