@@ -94,8 +94,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "leasehold_gateway_command_cancels_total", Help: "CancelCommand messages sent to nodes (sent) and CancelAcks received (confirmed).",
 		}, []string{"outcome"}),
 	}
-	reg.MustRegister(m.outputBytes, m.cancels, m.streams, m.sessions, m.hellos, m.pushbacks, m.dispatched, m.replayed, m.dispatchLatency, m.dispatchCall, m.ingestBatch, m.ingestFlush,
+	reg.MustRegister(m.streams, m.sessions, m.hellos, m.pushbacks, m.dispatched, m.replayed, m.dispatchLatency, m.dispatchCall, m.ingestBatch, m.ingestFlush,
 		m.fenceFailures, m.selfFences, m.zombies, m.renewLatency, m.results, m.events, m.specPushes)
+	reg.MustRegister(m.outputBytes, m.cancels)
 	m.role = health.NewRoleGauge(reg, "gateway")
 	return m
 }
