@@ -28,6 +28,9 @@ import (
 // for (see docs/decisions.md, "Throughput"): it only moves dispatched to
 // acknowledged, which replay treats alike, so losing one loses nothing; a
 // refused ack still closes the session PERMISSION_DENIED.
+//
+// Live output pieces (output.go) and cancel acks (cancel.go) ride the same
+// queue and statement and, like acks, are not waited for.
 
 // maxIngestBatch caps the reports written per transaction.
 const maxIngestBatch = 1000
