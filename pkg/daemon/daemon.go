@@ -42,7 +42,10 @@ type Outcome struct {
 }
 
 // Handler executes a command. It runs on its own goroutine, at most once
-// per command id over the journal's lifetime.
+// per command id over the journal's lifetime. ctx is cancelled when the
+// control plane cancels the command (CancelCommand) or the daemon stops: a
+// Handler must then return promptly. Output written to Stdout(ctx) and
+// Stderr(ctx) is streamed to the control plane while the Handler runs.
 type Handler func(ctx context.Context, cmd *nodev1.Command) Outcome
 
 // Config configures a Daemon.
@@ -85,6 +88,16 @@ type Config struct {
 	ReadIdleTimeout, PingTimeout time.Duration
 	// MaxMessageBytes bounds messages read from the gateway (4 MiB).
 	MaxMessageBytes int
+	// OutputFlush is the longest a written byte of live output waits
+	// before it is sent (100 ms).
+	OutputFlush time.Duration
+	// MaxOutputBytes is how much live output of one command the daemon
+	// sends at most (8 MiB); keep it above the gateway's
+	// --gateway.output-cap, which is where truncation is marked.
+	MaxOutputBytes int64
+	// MaxUnsentOutput bounds the live output kept while no session is open
+	// (1 MiB); past it pieces are dropped and counted in Stats.
+	MaxUnsentOutput int
 
 	// Clock and Rand are injectable for tests.
 	Clock clockwork.Clock
@@ -97,6 +110,9 @@ type Config struct {
 // Stats counts what a daemon did.
 type Stats struct {
 	Dials, Welcomes, Pushbacks, Drains, Executions, Replays int64
+	// Cancels counts CancelCommand messages received; DroppedOutput the
+	// bytes of live output dropped because no session was open for long.
+	Cancels, DroppedOutput int64
 }
 
 // Daemon keeps a node's session.
@@ -109,12 +125,18 @@ type Daemon struct {
 	backoff   Backoff
 
 	dials, welcomes, pushbacks, drains, executions, replays atomic.Int64
+	cancels, droppedOutput                                  atomic.Int64
 
 	mu      sync.Mutex
-	running map[string]bool
-	stream  *connect.BidiStreamForClient[nodev1.ConnectRequest, nodev1.ConnectResponse]
-	welcome *nodev1.Welcome
-	wg      sync.WaitGroup
+	running map[string]*execution
+	// stopped are the commands whose handler returned after a cancel, so a
+	// CancelCommand re-sent on a new session is answered "stopped" again.
+	stopped     map[string]bool
+	unsent      []*nodev1.ConnectRequest
+	unsentBytes int
+	stream      *connect.BidiStreamForClient[nodev1.ConnectRequest, nodev1.ConnectResponse]
+	welcome     *nodev1.Welcome
+	wg          sync.WaitGroup
 }
 
 // New validates cfg and returns a daemon; Run starts it.
@@ -148,6 +170,13 @@ func New(cfg Config) (*Daemon, error) {
 	if cfg.MaxMessageBytes <= 0 {
 		cfg.MaxMessageBytes = 4 << 20
 	}
+	def(&cfg.OutputFlush, 100*time.Millisecond)
+	if cfg.MaxOutputBytes <= 0 {
+		cfg.MaxOutputBytes = 8 << 20
+	}
+	if cfg.MaxUnsentOutput <= 0 {
+		cfg.MaxUnsentOutput = 1 << 20
+	}
 	if cfg.Journal == nil {
 		cfg.Journal = NewMemoryJournal()
 	}
@@ -157,7 +186,7 @@ func New(cfg Config) (*Daemon, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	d := &Daemon{cfg: cfg, clock: cfg.Clock, log: cfg.Logger.With("node", cfg.NodeID), running: map[string]bool{},
+	d := &Daemon{cfg: cfg, clock: cfg.Clock, log: cfg.Logger.With("node", cfg.NodeID), running: map[string]*execution{}, stopped: map[string]bool{},
 		backoff: Backoff{Base: cfg.BackoffBase, Max: cfg.BackoffMax, Rand: cfg.Rand}}
 	httpClient := cfg.HTTPClient
 	if httpClient == nil {
@@ -221,7 +250,8 @@ func newTransport(cfg Config) *http.Transport {
 // Stats returns the daemon's counters.
 func (d *Daemon) Stats() Stats {
 	return Stats{Dials: d.dials.Load(), Welcomes: d.welcomes.Load(), Pushbacks: d.pushbacks.Load(),
-		Drains: d.drains.Load(), Executions: d.executions.Load(), Replays: d.replays.Load()}
+		Drains: d.drains.Load(), Executions: d.executions.Load(), Replays: d.replays.Load(),
+		Cancels: d.cancels.Load(), DroppedOutput: d.droppedOutput.Load()}
 }
 
 // Welcome is the current session's Welcome, nil when not connected.
@@ -353,6 +383,7 @@ func (d *Daemon) session(ctx context.Context) sessionEnd {
 	d.welcomes.Add(1)
 	d.mu.Lock()
 	d.stream, d.welcome = stream, welcome
+	d.flushUnsentLocked() // output written while no session was open
 	d.mu.Unlock()
 	defer func() {
 		d.mu.Lock()
@@ -404,6 +435,8 @@ func (d *Daemon) session(ctx context.Context) sessionEnd {
 		switch m := msg.GetMsg().(type) {
 		case *nodev1.ConnectResponse_Command:
 			d.handleCommand(ctx, m.Command)
+		case *nodev1.ConnectResponse_CancelCommand:
+			d.handleCancel(m.CancelCommand)
 		case *nodev1.ConnectResponse_NodeSpecUpdate:
 			if d.cfg.OnSpec != nil && m.NodeSpecUpdate.GetSpec() != nil {
 				d.cfg.OnSpec(m.NodeSpecUpdate.GetSpec())
@@ -457,7 +490,7 @@ func (d *Daemon) handleCommand(ctx context.Context, cmd *nodev1.Command) {
 		return
 	}
 	d.mu.Lock()
-	if d.running[id] {
+	if d.running[id] != nil {
 		d.mu.Unlock()
 		d.replays.Add(1)
 		return
@@ -486,21 +519,42 @@ func (d *Daemon) handleCommand(ctx context.Context, cmd *nodev1.Command) {
 		d.log.Error("journal command start; not executing", "command", id, "err", err)
 		return
 	}
-	d.running[id] = true
+	cctx, cancel := context.WithCancel(ctx)
+	out := &output{id: id, send: d.sendOutput, clock: d.clock, every: d.cfg.OutputFlush, limit: d.cfg.MaxOutputBytes}
+	ex := &execution{cancel: cancel}
+	d.running[id] = ex
 	d.mu.Unlock()
 	_ = d.send(&nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_CommandAck{CommandAck: &nodev1.CommandAck{CommandId: id}}})
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
+		defer cancel()
 		started := d.clock.Now()
 		d.executions.Add(1)
-		out := d.cfg.Handler(ctx, cmd)
-		res := &nodev1.CommandResult{CommandId: id, ResultId: id + "/1", ExitCode: out.ExitCode, Output: out.Output,
-			Error: out.Err, StartedAt: timestamppb.New(started), FinishedAt: timestamppb.New(d.clock.Now())}
+		o := d.cfg.Handler(context.WithValue(cctx, outputKey{}, out), cmd)
+		out.close() // every piece goes before the result
+		d.mu.Lock()
+		cancelled := ex.cancelRequested
+		d.mu.Unlock()
+		if cancelled && o.Err == "" {
+			o.Err = "cancelled by CancelCommand"
+		}
+		res := &nodev1.CommandResult{CommandId: id, ResultId: id + "/1", ExitCode: o.ExitCode, Output: o.Output,
+			Error: o.Err, StartedAt: timestamppb.New(started), FinishedAt: timestamppb.New(d.clock.Now())}
 		d.finish(id, res)
 		d.mu.Lock()
 		delete(d.running, id)
+		cancelled = ex.cancelRequested // a cancel may have come while the result was journalled
+		if cancelled {
+			if len(d.stopped) >= maxStopped {
+				clear(d.stopped) // bounded: a forgotten one is answered ALREADY_FINISHED
+			}
+			d.stopped[id] = true
+		}
 		d.mu.Unlock()
+		if cancelled {
+			d.sendCancelAck(id, nodev1.CancelOutcome_CANCEL_OUTCOME_STOPPED)
+		}
 	}()
 }
 

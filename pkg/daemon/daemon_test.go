@@ -245,7 +245,7 @@ func TestFileJournalInterruptedCommandIsNotRerun(t *testing.T) {
 	d := &Daemon{cfg: Config{Journal: j, Handler: func(context.Context, *nodev1.Command) Outcome {
 		t.Fatal("an interrupted command must not run again")
 		return Outcome{}
-	}}, clock: clockwork.NewRealClock(), running: map[string]bool{}}
+	}}, clock: clockwork.NewRealClock(), running: map[string]*execution{}, stopped: map[string]bool{}}
 	d.log = discardLogger()
 	d.handleCommand(context.Background(), &nodev1.Command{CommandId: "started-only"})
 	mu.Lock()

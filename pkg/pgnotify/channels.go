@@ -20,7 +20,14 @@ const (
 	// NodeSpec carries the node id of every node whose spec changed (the
 	// trigger of migration 00013), so its gateway pushes the new spec.
 	NodeSpec = "leasehold_node_spec"
+	// CommandOutput is NOTIFYed by a gateway's group commit that stored
+	// live command output, once per batch; the payload is a comma-separated
+	// list of the command ids ("" when the list would pass 7,900 bytes: every
+	// reader looks), never the output itself, so PostgreSQL's 8,000-byte
+	// payload limit is never reached. The api's StreamCommandOutput readers
+	// wake on it and read the output from the database.
+	CommandOutput = "leasehold_command_output"
 )
 
 // Channels lists every channel above.
-var Channels = []string{LeaseReleased, Commands, NodeSpec, CommandDone}
+var Channels = []string{LeaseReleased, Commands, NodeSpec, CommandDone, CommandOutput}

@@ -30,6 +30,8 @@ var requiredRoles = map[string]apiauth.Role{
 	controlv1connect.ControlServiceListLeasesProcedure:     apiauth.RoleViewer,
 	controlv1connect.ControlServiceListWorkersProcedure:    apiauth.RoleViewer,
 	controlv1connect.ControlServiceListGatewaysProcedure:   apiauth.RoleViewer,
+	// Live output (issue 19).
+	controlv1connect.ControlServiceStreamCommandOutputProcedure: apiauth.RoleViewer,
 
 	controlv1connect.ControlServiceCreateCommandProcedure:    apiauth.RoleOperator,
 	controlv1connect.ControlServiceCancelCommandProcedure:    apiauth.RoleOperator,

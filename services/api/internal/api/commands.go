@@ -194,7 +194,10 @@ func (h *Handler) ListCommands(ctx context.Context, req *connect.Request[control
 }
 
 // CancelCommand moves a pending, dispatched or running command to
-// cancelled; a finished command is returned unchanged.
+// cancelled; a finished command is returned unchanged. A command its node
+// was given also gets cancel_requested_at: the node's gateway sends it
+// CancelCommand (now, or after the node's next Hello) and the node's
+// answer sets cancel_confirmed (docs/api.md, "Cancellation").
 func (h *Handler) CancelCommand(ctx context.Context, req *connect.Request[controlv1.CancelCommandRequest]) (*connect.Response[controlv1.CancelCommandResponse], error) {
 	id := req.Msg.GetCommandId()
 	if err := checkRE("command_id", id, idRE); err != nil {
@@ -202,23 +205,29 @@ func (h *Handler) CancelCommand(ctx context.Context, req *connect.Request[contro
 	}
 	var cmd *controlv1.Command
 	err := pgdb.InTx(ctx, h.db, func(tx pgx.Tx) error {
+		ev := auditEvent{Method: "CancelCommand", TargetKind: "command", TargetID: id}
 		var err error
 		cmd, _, err = scanCommand(tx.QueryRow(ctx, cancelCommandSQL, id))
-		changed := err == nil
 		if errors.Is(err, pgx.ErrNoRows) {
 			cmd, _, err = scanCommand(tx.QueryRow(ctx, getCommandSQL, id))
 			if errors.Is(err, pgx.ErrNoRows) {
 				return notFound("command_id", "command", id)
 			}
+			ev.Outcome = "unchanged"
 		}
 		if err != nil {
 			return err
 		}
-		return h.recordAudit(ctx, tx, auditEvent{Method: "CancelCommand", TargetKind: "command", TargetID: id,
-			Outcome: outcome(changed), Detail: map[string]any{"node_id": cmd.GetNodeId()}})
+		ev.Detail = map[string]any{"node_id": cmd.GetNodeId(), "state": dbName(commandStates, cmd.GetState()),
+			"deliver_to_node": ev.Outcome == "" && cmd.GetCancelRequestedAt() != nil}
+		return h.recordAudit(ctx, tx, ev)
 	})
 	if err != nil {
 		return nil, h.fail(ctx, "cancel command", err)
+	}
+	if cmd.GetCancelRequestedAt() != nil && !cmd.GetCancelConfirmed() {
+		// After the commit: wake the node's gateway as for a new command.
+		h.wake.Created(cmd.GetNodeId())
 	}
 	return connect.NewResponse(&controlv1.CancelCommandResponse{Command: cmd}), nil
 }

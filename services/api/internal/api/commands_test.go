@@ -94,6 +94,9 @@ func TestCancelCommand(t *testing.T) {
 		r, err := b.operator.CancelCommand(ctx, connect.NewRequest(&controlv1.CancelCommandRequest{CommandId: id}))
 		require.NoError(t, err)
 		require.Equal(t, controlv1.CommandState_COMMAND_STATE_CANCELLED, r.Msg.GetCommand().GetState())
+		// Only a command its node was given is asked of the node.
+		require.Equal(t, id == running, r.Msg.GetCommand().GetCancelRequestedAt() != nil, id)
+		require.False(t, r.Msg.GetCommand().GetCancelConfirmed())
 		// Again: unchanged, not an error.
 		r, err = b.operator.CancelCommand(ctx, connect.NewRequest(&controlv1.CancelCommandRequest{CommandId: id}))
 		require.NoError(t, err)
@@ -102,8 +105,32 @@ func TestCancelCommand(t *testing.T) {
 	r, err := b.operator.CancelCommand(ctx, connect.NewRequest(&controlv1.CancelCommandRequest{CommandId: done}))
 	require.NoError(t, err)
 	require.Equal(t, controlv1.CommandState_COMMAND_STATE_SUCCEEDED, r.Msg.GetCommand().GetState())
+	require.Nil(t, r.Msg.GetCommand().GetCancelRequestedAt())
 	_, err = b.operator.CancelCommand(ctx, connect.NewRequest(&controlv1.CancelCommandRequest{CommandId: "ghost"}))
 	_ = requireCode(t, err, connect.CodeNotFound)
+
+	// Each call that found its command is audited in its transaction.
+	require.Equal(t, 2, b.count(`SELECT count(*) FROM audit_events WHERE method = 'CancelCommand' AND outcome = 'ok'`))
+	require.Equal(t, 3, b.count(`SELECT count(*) FROM audit_events WHERE method = 'CancelCommand' AND outcome = 'unchanged'`))
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM audit_events WHERE method = 'CancelCommand' AND target_id = $1
+	   AND outcome = 'ok' AND detail->>'deliver_to_node' = 'true'`, running))
+	require.Zero(t, b.count(`SELECT count(*) FROM audit_events WHERE target_id = 'ghost'`))
+
+	// The node's confirmation and the stored output show on the command.
+	b.exec(`UPDATE commands SET cancel_confirmed_at = compute_now(), cancel_outcome = 'stopped' WHERE id = $1`, running)
+	b.exec(`INSERT INTO command_output (command_id, "offset", stream, data) VALUES ($1, 0, 'stdout', 'abc'), ($1, 3, 'stderr', 'de')`, running)
+	g, err := b.viewer.GetCommand(ctx, connect.NewRequest(&controlv1.GetCommandRequest{CommandId: running}))
+	require.NoError(t, err)
+	require.True(t, g.Msg.GetCommand().GetCancelConfirmed())
+	require.Equal(t, "stopped", g.Msg.GetCommand().GetCancelOutcome())
+	require.EqualValues(t, 5, g.Msg.GetCommand().GetOutputBytes())
+	require.False(t, g.Msg.GetCommand().GetOutputTruncated())
+	b.exec(`INSERT INTO command_output (command_id, "offset", stream, data) VALUES ($1, 5, 'truncated', '')`, running)
+	l, err := b.viewer.ListCommands(ctx, connect.NewRequest(&controlv1.ListCommandsRequest{NodeId: "node-1"}))
+	require.NoError(t, err)
+	for _, c := range l.Msg.GetCommands() {
+		require.Equal(t, c.GetId() == running, c.GetOutputTruncated(), c.GetId())
+	}
 }
 
 func TestWaitCommand(t *testing.T) {

@@ -402,6 +402,24 @@ func TestInvalidArgumentsWriteNothing(t *testing.T) {
 			_, err := v.ListLeases(ctx, connect.NewRequest(&controlv1.ListLeasesRequest{PageSize: 2000}))
 			return err
 		}},
+		{"stream output offset", "offset", func() error {
+			st, err := v.StreamCommandOutput(ctx, connect.NewRequest(&controlv1.StreamCommandOutputRequest{CommandId: "c", Offset: -1}))
+			if err != nil {
+				return err
+			}
+			for st.Receive() {
+			}
+			return st.Err()
+		}},
+		{"stream output command", "command_id", func() error {
+			st, err := v.StreamCommandOutput(ctx, connect.NewRequest(&controlv1.StreamCommandOutputRequest{CommandId: "a b"}))
+			if err != nil {
+				return err
+			}
+			for st.Receive() {
+			}
+			return st.Err()
+		}},
 		{"list workers group", "group", func() error {
 			_, err := v.ListWorkers(ctx, connect.NewRequest(&controlv1.ListWorkersRequest{Group: "a b"}))
 			return err

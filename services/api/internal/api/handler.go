@@ -189,12 +189,14 @@ func scanCommand(row pgx.Row) (*controlv1.Command, time.Time, error) {
 		deadline         *time.Time
 		created, updated time.Time
 	)
+	var cancelRequested *time.Time
 	if err := row.Scan(&c.Id, &c.NodeId, &c.Kind, &c.Payload, &state, &deadline, &c.IdempotencyKey, &c.DispatchCount,
-		&created, &updated); err != nil {
+		&created, &updated, &cancelRequested, &c.CancelConfirmed, &c.CancelOutcome, &c.OutputBytes, &c.OutputTruncated); err != nil {
 		return nil, time.Time{}, err
 	}
 	c.State = commandStates[state]
 	c.Deadline, c.CreatedAt, c.UpdatedAt = tsPtr(deadline), ts(created), ts(updated)
+	c.CancelRequestedAt = tsPtr(cancelRequested)
 	return &c, created, nil
 }
 

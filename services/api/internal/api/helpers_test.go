@@ -115,15 +115,30 @@ func (b *bundle) secret(s string) {
 	b.secrets = append(b.secrets, s)
 }
 
-func bearer(token string) connect.UnaryInterceptorFunc {
-	return func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			if token != "" {
-				req.Header().Set("Authorization", "Bearer "+token)
-			}
-			return next(ctx, req)
+// bearer sets the token on unary and streaming calls.
+type bearer string
+
+func (tok bearer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if tok != "" {
+			req.Header().Set("Authorization", "Bearer "+string(tok))
 		}
+		return next(ctx, req)
 	}
+}
+
+func (tok bearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		if tok != "" {
+			conn.RequestHeader().Set("Authorization", "Bearer "+string(tok))
+		}
+		return conn
+	}
+}
+
+func (tok bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
 }
 
 func (b *bundle) client(token string, opts ...connect.ClientOption) controlv1connect.ControlServiceClient {

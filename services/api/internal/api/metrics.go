@@ -39,25 +39,46 @@ func newMetrics(reg prometheus.Registerer, w *waiter) *metrics {
 }
 
 // interceptor counts every call, refused ones included, so it runs
-// outside the auth interceptor.
-func (m *metrics) interceptor() connect.UnaryInterceptorFunc {
-	return func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			if req.Spec().IsClient {
-				return next(ctx, req)
-			}
-			start := time.Now()
-			m.inFlight.Inc()
-			resp, err := next(ctx, req)
-			m.inFlight.Dec()
-			code := "ok"
-			if err != nil {
-				code = connect.CodeOf(err).String()
-			}
-			proc := req.Spec().Procedure
-			m.requests.WithLabelValues(proc, code).Inc()
-			m.duration.WithLabelValues(proc).Observe(time.Since(start).Seconds())
-			return resp, err
+// outside the auth interceptor. A streaming call (StreamCommandOutput) is
+// counted when it ends, its duration being the stream's.
+func (m *metrics) interceptor() connect.Interceptor { return metricsInterceptor{m} }
+
+type metricsInterceptor struct{ m *metrics }
+
+func (mi metricsInterceptor) observe(proc string, start time.Time, err error) {
+	code := "ok"
+	if err != nil {
+		code = connect.CodeOf(err).String()
+	}
+	mi.m.requests.WithLabelValues(proc, code).Inc()
+	mi.m.duration.WithLabelValues(proc).Observe(time.Since(start).Seconds())
+}
+
+func (mi metricsInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if req.Spec().IsClient {
+			return next(ctx, req)
 		}
+		start := time.Now()
+		mi.m.inFlight.Inc()
+		resp, err := next(ctx, req)
+		mi.m.inFlight.Dec()
+		mi.observe(req.Spec().Procedure, start, err)
+		return resp, err
+	}
+}
+
+func (mi metricsInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (mi metricsInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		start := time.Now()
+		mi.m.inFlight.Inc()
+		err := next(ctx, conn)
+		mi.m.inFlight.Dec()
+		mi.observe(conn.Spec().Procedure, start, err)
+		return err
 	}
 }

@@ -46,15 +46,22 @@ const closeRevokedSessionSQL = `
 UPDATE node_sessions SET state = 'disconnected', closed_at = compute_now()
  WHERE node_id = $1 AND state = 'connected'`
 
-// commandSelect reads commands; updated_at is the latest of its transitions.
+// commandColumns are a command's columns as scanCommand reads them;
+// updated_at is the latest of its transitions. The stored live output's
+// size and truncation come from the command's last command_output row (an
+// index probe on its primary key).
+const commandColumns = `id, node_id, kind, payload, state, deadline, coalesce(idempotency_key, ''), dispatch_count,
+       created_at, GREATEST(created_at, dispatched_at, acked_at, finished_at),
+       cancel_requested_at, cancel_confirmed_at IS NOT NULL, coalesce(cancel_outcome, ''),
+       coalesce((SELECT o."offset" + length(o.data) FROM command_output o WHERE o.command_id = id ORDER BY o."offset" DESC LIMIT 1), 0),
+       coalesce((SELECT o.stream = 'truncated' FROM command_output o WHERE o.command_id = id ORDER BY o."offset" DESC LIMIT 1), false)`
+
 const commandSelect = `
-SELECT id, node_id, kind, payload, state, deadline, coalesce(idempotency_key, ''), dispatch_count,
-       created_at, GREATEST(created_at, dispatched_at, acked_at, finished_at)
+SELECT ` + commandColumns + `
   FROM commands`
 
 const commandReturning = `
-RETURNING id, node_id, kind, payload, state, deadline, coalesce(idempotency_key, ''), dispatch_count,
-          created_at, GREATEST(created_at, dispatched_at, acked_at, finished_at)`
+RETURNING ` + commandColumns
 
 const getCommandSQL = commandSelect + ` WHERE id = $1`
 
@@ -74,8 +81,12 @@ const insertCommandSQL = `
 INSERT INTO commands (node_id, kind, payload, deadline, idempotency_key, traceparent) VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (node_id, idempotency_key) DO NOTHING` + commandReturning
 
+// cancelCommandSQL cancels a command that has not finished; one already
+// given to its node (dispatched or acknowledged) also gets
+// cancel_requested_at, which the node's gateway delivers as CancelCommand.
 const cancelCommandSQL = `
-UPDATE commands SET state = 'cancelled', finished_at = compute_now()
+UPDATE commands SET state = 'cancelled', finished_at = compute_now(),
+       cancel_requested_at = CASE WHEN state IN ('dispatched', 'acknowledged') THEN compute_now() END
  WHERE id = $1 AND state IN ('pending', 'dispatched', 'acknowledged')` + commandReturning
 
 // resultSQL reads a command's result: the first stored, should a node have

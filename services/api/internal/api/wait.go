@@ -31,6 +31,10 @@ type waiter struct {
 	// listening is true while the LISTEN connection is up.
 	listening atomic.Bool
 
+	// output wakes StreamCommandOutput readers (output.go) from the same
+	// LISTEN connection.
+	output *outputHub
+
 	mu      sync.Mutex
 	waiting map[string]map[chan struct{}]struct{}
 	stop    chan struct{}
@@ -42,7 +46,7 @@ type waiter struct {
 const commandDoneChannel = pgnotify.CommandDone
 
 func newWaiter(db pgdb.Querier, notifyURL string, interval time.Duration, log *slog.Logger) *waiter {
-	return &waiter{db: db, notifyURL: notifyURL, interval: interval, log: log, kick: make(chan struct{}, 1),
+	return &waiter{db: db, notifyURL: notifyURL, interval: interval, log: log, kick: make(chan struct{}, 1), output: newOutputHub(),
 		waiting: map[string]map[chan struct{}]struct{}{}, stop: make(chan struct{})}
 }
 
@@ -122,17 +126,26 @@ func (w *waiter) listen(ctx context.Context) error {
 		defer cancel()
 		_ = conn.Close(closeCtx)
 	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+commandDoneChannel); err != nil {
-		return fmt.Errorf("LISTEN %s: %w", commandDoneChannel, err)
+	for _, ch := range []string{commandDoneChannel, pgnotify.CommandOutput} {
+		if _, err := conn.Exec(ctx, "LISTEN "+ch); err != nil {
+			return fmt.Errorf("LISTEN %s: %w", ch, err)
+		}
 	}
 	w.listening.Store(true)
 	defer w.listening.Store(false)
 	w.signal() // catch up on what finished while not listening
+	w.output.wake("")
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
 			return err
 		}
+		if n.Channel == pgnotify.CommandOutput {
+			w.output.wake(n.Payload)
+			continue
+		}
 		w.signal()
+		w.output.wake("") // a finished command ends its readers' streams
 	}
 }
 

@@ -74,6 +74,9 @@ type Config struct {
 	// older (semver, MAJOR.MINOR.PATCH), missing or not semantic, with
 	// FAILED_PRECONDITION and a 5-10 min retry-after.
 	MinDaemonVersion string
+	// OutputCap is how many bytes of a command's live output are stored;
+	// past it a truncation marker is stored and the rest dropped.
+	OutputCap int64
 }
 
 // RegisterFlags registers the gateway flags on f, each name under prefix, with their defaults.
@@ -102,6 +105,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.StringVar(&c.HTTP2Server, prefix+"gateway.http2-server", HTTP2Lean, "HTTP/2 server of node streams: lean (internal/h2serve, least memory per session) or std (net/http)")
 	f.DurationVar(&c.DrainGrace, prefix+"gateway.drain-grace", 5*time.Second, "extra wait after the drain delay before closing the remaining streams")
 	f.StringVar(&c.MinDaemonVersion, prefix+"gateway.min-daemon-version", "", "refuse daemons older than this semantic version (e.g. v1.4.0), and those reporting none, with FAILED_PRECONDITION and a 5-10 min retry-after; empty accepts every version")
+	f.Int64Var(&c.OutputCap, prefix+"gateway.output-cap", 1<<20, "bytes of live output stored per command; past it a truncation marker is stored and the rest dropped")
 }
 
 // Values of --gateway.http2-server.
@@ -182,6 +186,9 @@ func (c *Config) Validate() error {
 	}
 	if c.DrainMaxDelay < 0 || c.DrainGrace < 0 {
 		errs = append(errs, fmt.Errorf("--gateway.drain-max-delay %s and --gateway.drain-grace %s must not be negative", c.DrainMaxDelay, c.DrainGrace))
+	}
+	if c.OutputCap < 1024 || c.OutputCap > 1<<30 {
+		errs = append(errs, fmt.Errorf("--gateway.output-cap %d must be in 1024..%d", c.OutputCap, 1<<30))
 	}
 	if c.HTTP2Server != HTTP2Lean && c.HTTP2Server != HTTP2Std {
 		errs = append(errs, fmt.Errorf("--gateway.http2-server %q must be %q or %q", c.HTTP2Server, HTTP2Lean, HTTP2Std))

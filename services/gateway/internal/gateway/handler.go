@@ -516,6 +516,10 @@ func (g *Gateway) handleMessage(ctx context.Context, s *session, req *nodev1.Con
 		return g.handleResult(ctx, s, m.CommandResult)
 	case *nodev1.ConnectRequest_Event:
 		return g.handleEvent(ctx, s, m.Event)
+	case *nodev1.ConnectRequest_CommandOutput:
+		return g.handleOutput(s, m.CommandOutput)
+	case *nodev1.ConnectRequest_CancelAck:
+		return g.handleCancelAck(s, m.CancelAck)
 	default:
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("empty or unknown message"))
 	}

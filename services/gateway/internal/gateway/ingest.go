@@ -28,6 +28,9 @@ import (
 // for (see docs/decisions.md, "Throughput"): it only moves dispatched to
 // acknowledged, which replay treats alike, so losing one loses nothing; a
 // refused ack still closes the session PERMISSION_DENIED.
+//
+// Live output pieces (output.go) and cancel acks (cancel.go) ride the same
+// queue and statement and, like acks, are not waited for.
 
 // maxIngestBatch caps the reports written per transaction.
 const maxIngestBatch = 1000
@@ -38,6 +41,8 @@ const (
 	ingestAck ingestKind = iota
 	ingestResult
 	ingestEvent
+	ingestOutput    // a piece of live output (output.go)
+	ingestCancelAck // a node's answer to CancelCommand (cancel.go)
 )
 
 // ingestItem is one report waiting for the group commit.
@@ -56,8 +61,12 @@ type ingestItem struct {
 	payload   string
 	occurred  *time.Time
 	bootEpoch int64
+	// output piece (command is its command id); cancel ack (id is the
+	// command id, stream the outcome's name)
+	offset int64
+	stream string
 
-	done chan ingestOutcome // nil for acks
+	done chan ingestOutcome // nil for acks, output and cancel acks
 }
 
 // ingestOutcome is what the group commit did with an item: stored,
@@ -155,7 +164,11 @@ func (g *Gateway) answer(it *ingestItem, o ingestOutcome) {
 		it.done <- o
 		return
 	}
-	// An ack: nobody waits.
+	// An ack, output piece or cancel ack: nobody waits.
+	if it.kind == ingestOutput || it.kind == ingestCancelAck {
+		g.answerUnwaited(it, o)
+		return
+	}
 	switch {
 	case o.err != nil:
 		if !errors.Is(o.err, context.Canceled) {
@@ -205,6 +218,11 @@ func (g *Gateway) writeBatch(ctx context.Context, batch []*ingestItem) ([]string
 		eNode, eID, eKind, ePayload []string
 		eOcc                        []*time.Time
 		eEpoch, eBoot               []int64
+		oI, kI                      []int32
+		oNode, oCmd, oStream        []string
+		oOff                        []int64
+		oData                       [][]byte
+		kNode, kCmd, kOutcome       []string
 	)
 	resulted := map[string]bool{}
 	for _, it := range batch {
@@ -213,7 +231,12 @@ func (g *Gateway) writeBatch(ctx context.Context, batch []*ingestItem) ([]string
 		}
 	}
 	type key struct{ node, id string }
-	seenR, seenE, seenA := map[key]bool{}, map[key]bool{}, map[key]bool{}
+	type okey struct {
+		node, id string
+		off      int64
+	}
+	seenR, seenE, seenA, seenK := map[key]bool{}, map[key]bool{}, map[key]bool{}, map[key]bool{}
+	seenO := map[okey]bool{}
 	for i, it := range batch {
 		k := key{it.s.nodeID, it.id}
 		switch it.kind {
@@ -243,12 +266,33 @@ func (g *Gateway) writeBatch(ctx context.Context, batch []*ingestItem) ([]string
 			seenE[k] = true
 			eI, eNode, eID, eKind = append(eI, int32(i)), append(eNode, it.s.nodeID), append(eID, it.id), append(eKind, it.eventKind)
 			ePayload, eOcc, eEpoch, eBoot = append(ePayload, it.payload), append(eOcc, it.occurred), append(eEpoch, it.s.epoch), append(eBoot, it.bootEpoch)
+		case ingestOutput:
+			ok := okey{it.s.nodeID, it.command, it.offset}
+			if seenO[ok] {
+				out[i] = "duplicate"
+				continue
+			}
+			seenO[ok] = true
+			oI, oNode, oCmd, oOff = append(oI, int32(i)), append(oNode, it.s.nodeID), append(oCmd, it.command), append(oOff, it.offset)
+			oStream, oData = append(oStream, it.stream), append(oData, it.output)
+		case ingestCancelAck:
+			// A cancel ack changes a cancelled (terminal) command, which no
+			// result or ack of the batch changes; two acks of one command
+			// would, so the second is dropped.
+			if seenK[k] {
+				out[i] = "duplicate"
+				continue
+			}
+			seenK[k] = true
+			kI, kNode, kCmd, kOutcome = append(kI, int32(i)), append(kNode, it.s.nodeID), append(kCmd, it.id), append(kOutcome, it.stream)
 		}
 	}
 	rows, err := g.db.Query(ctx, ingestSQL, g.id,
 		rI, rNode, rID, rCmd, rExit, rOut, rErr, rStart, rFin, rEpoch,
 		aI, aNode, aCmd,
-		eI, eNode, eID, eKind, ePayload, eOcc, eEpoch, eBoot)
+		eI, eNode, eID, eKind, ePayload, eOcc, eEpoch, eBoot,
+		oI, oNode, oCmd, oOff, oStream, oData, g.cfg.OutputCap,
+		kI, kNode, kCmd, kOutcome)
 	if err != nil {
 		return nil, nil, fmt.Errorf("group commit of %d reports: %w", len(batch), err)
 	}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -96,7 +97,12 @@ func (g *Gateway) wakeDispatch(nodeID string) { g.dispatchWaker.wake(nodeID) }
 // dispatchLoop dispatches pending commands of this gateway's sessions when
 // woken (NOTIFY, a new session) and at every poll.
 func (g *Gateway) dispatchLoop(ctx context.Context) {
-	g.runWoken(ctx, g.dispatchWaker, g.cfg.DispatchPoll, "dispatch", g.dispatchFor)
+	g.runWoken(ctx, g.dispatchWaker, g.cfg.DispatchPoll, "dispatch", func(ctx context.Context, all bool, nodes map[string]struct{}) error {
+		// Cancels ride the same wake-ups (the api's CancelCommand wakes
+		// the node's gateway as a new command does; a Hello wakes its own
+		// node), after this round's commands.
+		return errors.Join(g.dispatchFor(ctx, all, nodes), g.sendCancels(ctx, all, nodes))
+	})
 }
 
 func (g *Gateway) dispatchFor(ctx context.Context, all bool, nodes map[string]struct{}) error {

@@ -24,6 +24,8 @@ type metrics struct {
 	results         *prometheus.CounterVec
 	events          *prometheus.CounterVec
 	specPushes      prometheus.Counter
+	outputBytes     *prometheus.CounterVec
+	cancels         *prometheus.CounterVec
 	role            *health.RoleGauge
 }
 
@@ -85,9 +87,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		specPushes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "leasehold_gateway_spec_updates_total", Help: "NodeSpecUpdate messages pushed to nodes.",
 		}),
+		outputBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leasehold_gateway_command_output_bytes_total", Help: "Bytes of live command output received, by outcome (stored, dropped: past the cap or refused).",
+		}, []string{"outcome"}),
+		cancels: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leasehold_gateway_command_cancels_total", Help: "CancelCommand messages sent to nodes (sent) and CancelAcks received (confirmed).",
+		}, []string{"outcome"}),
 	}
 	reg.MustRegister(m.streams, m.sessions, m.hellos, m.pushbacks, m.dispatched, m.replayed, m.dispatchLatency, m.dispatchCall, m.ingestBatch, m.ingestFlush,
 		m.fenceFailures, m.selfFences, m.zombies, m.renewLatency, m.results, m.events, m.specPushes)
+	reg.MustRegister(m.outputBytes, m.cancels)
 	m.role = health.NewRoleGauge(reg, "gateway")
 	return m
 }

@@ -131,6 +131,14 @@ UPDATE nodes SET state = 'disconnected', updated_at = compute_now()
 // and a result for the same command, so no row is changed twice. When a
 // command finishes, one NOTIFY on leasehold_command_done (empty payload,
 // once per batch) wakes the api's WaitCommand.
+//
+// Live output pieces ($23..$28, the cap $29) are stored for their own
+// node's commands, cut at the cap, ON CONFLICT DO NOTHING on (command_id,
+// offset); a piece reaching past the cap also stores the command's
+// truncation marker (stream 'truncated', at the cap). One NOTIFY on
+// leasehold_command_output per batch names the commands that got output
+// (their ids only, "" past 7,900 bytes). Cancel acks ($30..$33) confirm
+// the cancellation of their own node's cancelled commands, once.
 const ingestSQL = `
 WITH r AS (
   SELECT * FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::int[], $7::bytea[], $8::text[],
@@ -163,6 +171,30 @@ WITH r AS (
   SELECT e.node_id, e.id, e.kind, e.payload::jsonb, e.occurred_at, $1, e.session_epoch, e.boot_epoch FROM e
   ON CONFLICT (node_id, id) DO NOTHING
   RETURNING node_id, id
+), o AS (
+  SELECT * FROM unnest($23::int[], $24::text[], $25::text[], $26::bigint[], $27::text[], $28::bytea[])
+    AS o(i, node_id, command_id, off, stream, data)
+), own AS (
+  SELECT o.* FROM o JOIN commands c ON c.id = o.command_id AND c.node_id = o.node_id
+), oins AS (
+  INSERT INTO command_output (command_id, "offset", stream, data)
+  SELECT command_id, off, stream, substring(data FROM 1 FOR LEAST(length(data)::bigint, $29::bigint - off)::int)
+    FROM own WHERE off < $29::bigint
+  ON CONFLICT (command_id, "offset") DO NOTHING
+  RETURNING command_id
+), omark AS (
+  INSERT INTO command_output (command_id, "offset", stream, data)
+  SELECT DISTINCT command_id, $29::bigint, 'truncated', ''::bytea FROM own WHERE off + length(data) > $29::bigint
+  ON CONFLICT (command_id, "offset") DO NOTHING
+  RETURNING command_id
+), k AS (
+  SELECT * FROM unnest($30::int[], $31::text[], $32::text[], $33::text[]) AS k(i, node_id, command_id, outcome)
+), kupd AS (
+  UPDATE commands c SET cancel_confirmed_at = compute_now(), cancel_outcome = k.outcome
+    FROM k
+   WHERE c.id = k.command_id AND c.node_id = k.node_id
+     AND c.cancel_requested_at IS NOT NULL AND c.cancel_confirmed_at IS NULL
+  RETURNING c.id
 )
 SELECT r.i, CASE WHEN c.id IS NULL THEN 'unknown'
                  WHEN c.node_id <> r.node_id THEN 'denied'
@@ -177,7 +209,22 @@ UNION ALL
 SELECT e.i, CASE WHEN EXISTS (SELECT 1 FROM evins x WHERE x.node_id = e.node_id AND x.id = e.id) THEN 'stored' ELSE 'duplicate' END, NULL::text
   FROM e
 UNION ALL
-SELECT -1, 'notified', NULL::text FROM (SELECT pg_notify('` + pgnotify.CommandDone + `', '') FROM (SELECT 1 FROM fin LIMIT 1) f) n`
+SELECT o.i, CASE WHEN c.id IS NULL THEN 'unknown'
+                 WHEN c.node_id <> o.node_id THEN 'denied'
+                 WHEN o.off + length(o.data) > $29::bigint THEN 'capped'
+                 ELSE 'ok' END, NULL::text
+  FROM o LEFT JOIN commands c ON c.id = o.command_id
+UNION ALL
+SELECT k.i, CASE WHEN c.node_id IS NOT NULL AND c.node_id <> k.node_id THEN 'denied' ELSE 'ok' END, NULL::text
+  FROM k LEFT JOIN commands c ON c.id = k.command_id
+UNION ALL
+SELECT -1, 'notified', NULL::text FROM (SELECT pg_notify('` + pgnotify.CommandDone + `', '') FROM (SELECT 1 FROM fin LIMIT 1) f) n
+UNION ALL
+SELECT -1, 'notified', NULL::text FROM (
+  SELECT pg_notify('` + pgnotify.CommandOutput + `',
+                   CASE WHEN sum(length(z.command_id) + 1) <= 7900 THEN string_agg(z.command_id, ',') ELSE '' END)
+    FROM (SELECT command_id FROM oins UNION SELECT command_id FROM omark) z
+  HAVING count(*) > 0) n2`
 
 const insertEventSQL = `
 INSERT INTO node_events (node_id, id, kind, payload, occurred_at, gateway_id, session_epoch, boot_epoch)

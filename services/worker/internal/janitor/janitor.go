@@ -30,6 +30,10 @@ type Config struct {
 	EventRetention time.Duration
 	// AuditRetention keeps audit_events rows this long (90 d).
 	AuditRetention time.Duration
+	// OutputRetention keeps the live output (command_output) of finished
+	// commands this long (1 d); the command itself stays for
+	// CommandRetention.
+	OutputRetention time.Duration
 	// Batch bounds the rows deleted per table per run.
 	Batch int
 }
@@ -37,7 +41,7 @@ type Config struct {
 // DefaultConfig is the default.
 func DefaultConfig() Config {
 	return Config{Every: time.Minute, WorkersAfter: 10 * time.Minute, CommandRetention: 7 * 24 * time.Hour,
-		EventRetention: 7 * 24 * time.Hour, AuditRetention: 90 * 24 * time.Hour, Batch: 5000}
+		EventRetention: 7 * 24 * time.Hour, AuditRetention: 90 * 24 * time.Hour, OutputRetention: 24 * time.Hour, Batch: 5000}
 }
 
 // RegisterFlags registers the flags under prefix.
@@ -47,6 +51,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.DurationVar(&c.CommandRetention, prefix+"command-retention", c.CommandRetention, "keep finished commands and their results this long")
 	f.DurationVar(&c.EventRetention, prefix+"event-retention", c.EventRetention, "keep node events this long (undelivered ones are kept)")
 	f.DurationVar(&c.AuditRetention, prefix+"audit-retention", c.AuditRetention, "keep audit events this long")
+	f.DurationVar(&c.OutputRetention, prefix+"output-retention", c.OutputRetention, "keep the live output of finished commands this long")
 	f.IntVar(&c.Batch, prefix+"batch", c.Batch, "rows deleted per table per run")
 }
 
@@ -59,11 +64,14 @@ func (c Config) Validate() error {
 	if c.AuditRetention < time.Hour {
 		return fmt.Errorf("janitor: audit-retention %s must be >= 1h", c.AuditRetention)
 	}
+	if c.OutputRetention < time.Minute {
+		return fmt.Errorf("janitor: output-retention %s must be >= 1m", c.OutputRetention)
+	}
 	return nil
 }
 
 // Counts is what one run deleted.
-type Counts struct{ Workers, Commands, Events, Audit int64 }
+type Counts struct{ Workers, Commands, Events, Audit, Output int64 }
 
 // Run trims every table once in tx.
 func Run(ctx context.Context, tx pgx.Tx, cfg Config) (Counts, error) {
@@ -108,6 +116,18 @@ DELETE FROM audit_events WHERE id IN (
 		return c, fmt.Errorf("delete old audit events: %w", err)
 	}
 	c.Audit = tag.RowsAffected()
+	// Live output goes before its command: pieces of commands finished
+	// longer ago than the output retention.
+	tag, err = tx.Exec(ctx, `
+DELETE FROM command_output WHERE (command_id, "offset") IN (
+  SELECT o.command_id, o."offset" FROM commands c JOIN command_output o ON o.command_id = c.id
+   WHERE c.state IN ('succeeded', 'failed', 'cancelled', 'expired')
+     AND c.finished_at < compute_now() - make_interval(secs => $1::float8)
+   LIMIT $2)`, cfg.OutputRetention.Seconds(), cfg.Batch)
+	if err != nil {
+		return c, fmt.Errorf("delete old command output: %w", err)
+	}
+	c.Output = tag.RowsAffected()
 	return c, nil
 }
 
@@ -124,6 +144,7 @@ func Register(rt *reconcile.Runtime, cfg Config, reg prometheus.Registerer) erro
 		deleted.WithLabelValues("commands").Add(float64(c.Commands))
 		deleted.WithLabelValues("node_events").Add(float64(c.Events))
 		deleted.WithLabelValues("audit_events").Add(float64(c.Audit))
+		deleted.WithLabelValues("command_output").Add(float64(c.Output))
 		return err
 	})
 }

@@ -103,3 +103,35 @@ INSERT INTO audit_events (actor, role, method, target_kind, target_id, outcome, 
 	cfg.AuditRetention = time.Minute
 	require.Error(t, cfg.Validate())
 }
+
+// TestJanitorTrimsOldCommandOutput: the live output of a command finished
+// longer ago than the output retention goes, the command stays; output of
+// a recent or running command stays.
+func TestJanitorTrimsOldCommandOutput(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `
+INSERT INTO nodes (id) VALUES ('n1');
+INSERT INTO commands (id, node_id, kind, state, finished_at) VALUES
+  ('old', 'n1', 'k', 'succeeded', compute_now() - interval '25 hours'),
+  ('recent', 'n1', 'k', 'failed', compute_now() - interval '1 hour'),
+  ('running', 'n1', 'k', 'acknowledged', NULL);
+INSERT INTO command_output (command_id, "offset", stream, data) VALUES
+  ('old', 0, 'stdout', 'ab'), ('old', 2, 'stderr', 'cd'), ('old', 4, 'truncated', ''),
+  ('recent', 0, 'stdout', 'x'), ('running', 0, 'stdout', 'y');`)
+	require.NoError(t, err)
+	var c janitor.Counts
+	require.NoError(t, pgdb.InTx(ctx, db, func(tx pgx.Tx) error {
+		var err error
+		c, err = janitor.Run(ctx, tx, janitor.DefaultConfig())
+		return err
+	}))
+	require.EqualValues(t, 3, c.Output)
+	require.Zero(t, c.Commands)
+	rows, err := db.Query(ctx, `SELECT command_id FROM command_output ORDER BY command_id`)
+	require.NoError(t, err)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"recent", "running"}, left)
+}

@@ -466,9 +466,25 @@ type Command struct {
 	// created_at is when the command was created.
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// updated_at is when the command's state last changed.
-	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	UpdatedAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// cancel_requested_at is when CancelCommand asked the command's node to
+	// stop it; unset when the command was never cancelled while dispatched.
+	CancelRequestedAt *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=cancel_requested_at,json=cancelRequestedAt,proto3" json:"cancel_requested_at,omitempty"`
+	// cancel_confirmed is true once the node confirmed that the command is no
+	// longer running (cancel_outcome says why); false while unconfirmed, and
+	// for ever when the node's daemon does not know CancelCommand.
+	CancelConfirmed bool `protobuf:"varint,21,opt,name=cancel_confirmed,json=cancelConfirmed,proto3" json:"cancel_confirmed,omitempty"`
+	// cancel_outcome is the node's answer: "stopped", "already_finished" or
+	// "not_started"; empty until confirmed.
+	CancelOutcome string `protobuf:"bytes,22,opt,name=cancel_outcome,json=cancelOutcome,proto3" json:"cancel_outcome,omitempty"`
+	// output_bytes is how many bytes of live output (StreamCommandOutput) are
+	// stored, at most the gateway's cap.
+	OutputBytes int64 `protobuf:"varint,23,opt,name=output_bytes,json=outputBytes,proto3" json:"output_bytes,omitempty"`
+	// output_truncated is true when the node wrote more than the cap and the
+	// rest was dropped.
+	OutputTruncated bool `protobuf:"varint,24,opt,name=output_truncated,json=outputTruncated,proto3" json:"output_truncated,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Command) Reset() {
@@ -569,6 +585,41 @@ func (x *Command) GetUpdatedAt() *timestamppb.Timestamp {
 		return x.UpdatedAt
 	}
 	return nil
+}
+
+func (x *Command) GetCancelRequestedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CancelRequestedAt
+	}
+	return nil
+}
+
+func (x *Command) GetCancelConfirmed() bool {
+	if x != nil {
+		return x.CancelConfirmed
+	}
+	return false
+}
+
+func (x *Command) GetCancelOutcome() string {
+	if x != nil {
+		return x.CancelOutcome
+	}
+	return ""
+}
+
+func (x *Command) GetOutputBytes() int64 {
+	if x != nil {
+		return x.OutputBytes
+	}
+	return 0
+}
+
+func (x *Command) GetOutputTruncated() bool {
+	if x != nil {
+		return x.OutputTruncated
+	}
+	return false
 }
 
 // CommandResult is how a command ended, as reported by its node.
@@ -2300,6 +2351,139 @@ func (x *WaitCommandResponse) GetResult() *CommandResult {
 	return nil
 }
 
+// StreamCommandOutputRequest is the request of StreamCommandOutput.
+type StreamCommandOutputRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// command_id is the command whose output to stream.
+	CommandId string `protobuf:"bytes,1,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	// offset is the first byte to send (0: from the start); a client that
+	// lost its stream resumes from the offset after the last byte it got.
+	Offset        int64 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamCommandOutputRequest) Reset() {
+	*x = StreamCommandOutputRequest{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamCommandOutputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamCommandOutputRequest) ProtoMessage() {}
+
+func (x *StreamCommandOutputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamCommandOutputRequest.ProtoReflect.Descriptor instead.
+func (*StreamCommandOutputRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *StreamCommandOutputRequest) GetCommandId() string {
+	if x != nil {
+		return x.CommandId
+	}
+	return ""
+}
+
+func (x *StreamCommandOutputRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+// StreamCommandOutputResponse is one piece of a command's output.
+type StreamCommandOutputResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// offset is the position of data's first byte in the command's output
+	// (stdout and stderr together, in the order the node wrote them).
+	Offset int64 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	// stream says whether data went to stdout or stderr.
+	Stream v1.OutputStream `protobuf:"varint,2,opt,name=stream,proto3,enum=leasehold.node.v1.OutputStream" json:"stream,omitempty"`
+	// data is the output.
+	Data []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	// truncated marks the end of what was kept: the node wrote more than the
+	// gateway's per-command cap and the rest was dropped. Such a message has
+	// no data, its offset is the cap, and it is the last before the stream
+	// ends.
+	Truncated     bool `protobuf:"varint,4,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamCommandOutputResponse) Reset() {
+	*x = StreamCommandOutputResponse{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamCommandOutputResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamCommandOutputResponse) ProtoMessage() {}
+
+func (x *StreamCommandOutputResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamCommandOutputResponse.ProtoReflect.Descriptor instead.
+func (*StreamCommandOutputResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *StreamCommandOutputResponse) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *StreamCommandOutputResponse) GetStream() v1.OutputStream {
+	if x != nil {
+		return x.Stream
+	}
+	return v1.OutputStream(0)
+}
+
+func (x *StreamCommandOutputResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *StreamCommandOutputResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
 // CreatePoolRequest is the request of CreatePool.
 type CreatePoolRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2315,7 +2499,7 @@ type CreatePoolRequest struct {
 
 func (x *CreatePoolRequest) Reset() {
 	*x = CreatePoolRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[27]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2327,7 +2511,7 @@ func (x *CreatePoolRequest) String() string {
 func (*CreatePoolRequest) ProtoMessage() {}
 
 func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[27]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2340,7 +2524,7 @@ func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{27}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CreatePoolRequest) GetPoolId() string {
@@ -2375,7 +2559,7 @@ type CreatePoolResponse struct {
 
 func (x *CreatePoolResponse) Reset() {
 	*x = CreatePoolResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[28]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2387,7 +2571,7 @@ func (x *CreatePoolResponse) String() string {
 func (*CreatePoolResponse) ProtoMessage() {}
 
 func (x *CreatePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[28]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2400,7 +2584,7 @@ func (x *CreatePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolResponse.ProtoReflect.Descriptor instead.
 func (*CreatePoolResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{28}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CreatePoolResponse) GetPool() *Pool {
@@ -2421,7 +2605,7 @@ type GetPoolRequest struct {
 
 func (x *GetPoolRequest) Reset() {
 	*x = GetPoolRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[29]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2433,7 +2617,7 @@ func (x *GetPoolRequest) String() string {
 func (*GetPoolRequest) ProtoMessage() {}
 
 func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[29]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2446,7 +2630,7 @@ func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolRequest.ProtoReflect.Descriptor instead.
 func (*GetPoolRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{29}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetPoolRequest) GetPoolId() string {
@@ -2467,7 +2651,7 @@ type GetPoolResponse struct {
 
 func (x *GetPoolResponse) Reset() {
 	*x = GetPoolResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[30]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2479,7 +2663,7 @@ func (x *GetPoolResponse) String() string {
 func (*GetPoolResponse) ProtoMessage() {}
 
 func (x *GetPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[30]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2492,7 +2676,7 @@ func (x *GetPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolResponse.ProtoReflect.Descriptor instead.
 func (*GetPoolResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{30}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetPoolResponse) GetPool() *Pool {
@@ -2516,7 +2700,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[31]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2528,7 +2712,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[31]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2541,7 +2725,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{31}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListPoolsRequest) GetPageSize() int32 {
@@ -2571,7 +2755,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[32]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2583,7 +2767,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[32]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2596,7 +2780,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{32}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListPoolsResponse) GetPools() []*Pool {
@@ -2630,7 +2814,7 @@ type CreatePoolLeaseRequest struct {
 
 func (x *CreatePoolLeaseRequest) Reset() {
 	*x = CreatePoolLeaseRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[33]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2642,7 +2826,7 @@ func (x *CreatePoolLeaseRequest) String() string {
 func (*CreatePoolLeaseRequest) ProtoMessage() {}
 
 func (x *CreatePoolLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[33]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2655,7 +2839,7 @@ func (x *CreatePoolLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolLeaseRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{33}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CreatePoolLeaseRequest) GetPoolId() string {
@@ -2697,7 +2881,7 @@ type CreatePoolLeaseResponse struct {
 
 func (x *CreatePoolLeaseResponse) Reset() {
 	*x = CreatePoolLeaseResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[34]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2709,7 +2893,7 @@ func (x *CreatePoolLeaseResponse) String() string {
 func (*CreatePoolLeaseResponse) ProtoMessage() {}
 
 func (x *CreatePoolLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[34]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2722,7 +2906,7 @@ func (x *CreatePoolLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolLeaseResponse.ProtoReflect.Descriptor instead.
 func (*CreatePoolLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{34}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CreatePoolLeaseResponse) GetPoolLease() *PoolLease {
@@ -2743,7 +2927,7 @@ type GetPoolLeaseRequest struct {
 
 func (x *GetPoolLeaseRequest) Reset() {
 	*x = GetPoolLeaseRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[35]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2755,7 +2939,7 @@ func (x *GetPoolLeaseRequest) String() string {
 func (*GetPoolLeaseRequest) ProtoMessage() {}
 
 func (x *GetPoolLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[35]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2768,7 +2952,7 @@ func (x *GetPoolLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolLeaseRequest.ProtoReflect.Descriptor instead.
 func (*GetPoolLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{35}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetPoolLeaseRequest) GetPoolLeaseId() string {
@@ -2789,7 +2973,7 @@ type GetPoolLeaseResponse struct {
 
 func (x *GetPoolLeaseResponse) Reset() {
 	*x = GetPoolLeaseResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[36]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2801,7 +2985,7 @@ func (x *GetPoolLeaseResponse) String() string {
 func (*GetPoolLeaseResponse) ProtoMessage() {}
 
 func (x *GetPoolLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[36]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2814,7 +2998,7 @@ func (x *GetPoolLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolLeaseResponse.ProtoReflect.Descriptor instead.
 func (*GetPoolLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{36}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetPoolLeaseResponse) GetPoolLease() *PoolLease {
@@ -2844,7 +3028,7 @@ type ListPoolLeasesRequest struct {
 
 func (x *ListPoolLeasesRequest) Reset() {
 	*x = ListPoolLeasesRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[37]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2856,7 +3040,7 @@ func (x *ListPoolLeasesRequest) String() string {
 func (*ListPoolLeasesRequest) ProtoMessage() {}
 
 func (x *ListPoolLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[37]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2869,7 +3053,7 @@ func (x *ListPoolLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{37}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListPoolLeasesRequest) GetPageSize() int32 {
@@ -2920,7 +3104,7 @@ type ListPoolLeasesResponse struct {
 
 func (x *ListPoolLeasesResponse) Reset() {
 	*x = ListPoolLeasesResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[38]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2932,7 +3116,7 @@ func (x *ListPoolLeasesResponse) String() string {
 func (*ListPoolLeasesResponse) ProtoMessage() {}
 
 func (x *ListPoolLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[38]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2945,7 +3129,7 @@ func (x *ListPoolLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{38}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListPoolLeasesResponse) GetPoolLeases() []*PoolLease {
@@ -2973,7 +3157,7 @@ type ReleasePoolLeaseRequest struct {
 
 func (x *ReleasePoolLeaseRequest) Reset() {
 	*x = ReleasePoolLeaseRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[39]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2985,7 +3169,7 @@ func (x *ReleasePoolLeaseRequest) String() string {
 func (*ReleasePoolLeaseRequest) ProtoMessage() {}
 
 func (x *ReleasePoolLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[39]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2998,7 +3182,7 @@ func (x *ReleasePoolLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleasePoolLeaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleasePoolLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{39}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ReleasePoolLeaseRequest) GetPoolLeaseId() string {
@@ -3020,7 +3204,7 @@ type ReleasePoolLeaseResponse struct {
 
 func (x *ReleasePoolLeaseResponse) Reset() {
 	*x = ReleasePoolLeaseResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[40]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3032,7 +3216,7 @@ func (x *ReleasePoolLeaseResponse) String() string {
 func (*ReleasePoolLeaseResponse) ProtoMessage() {}
 
 func (x *ReleasePoolLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[40]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3045,7 +3229,7 @@ func (x *ReleasePoolLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleasePoolLeaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleasePoolLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{40}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ReleasePoolLeaseResponse) GetPoolLease() *PoolLease {
@@ -3073,7 +3257,7 @@ type CreateSinkRequest struct {
 
 func (x *CreateSinkRequest) Reset() {
 	*x = CreateSinkRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[41]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3085,7 +3269,7 @@ func (x *CreateSinkRequest) String() string {
 func (*CreateSinkRequest) ProtoMessage() {}
 
 func (x *CreateSinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[41]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3098,7 +3282,7 @@ func (x *CreateSinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSinkRequest.ProtoReflect.Descriptor instead.
 func (*CreateSinkRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{41}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CreateSinkRequest) GetSinkId() string {
@@ -3140,7 +3324,7 @@ type CreateSinkResponse struct {
 
 func (x *CreateSinkResponse) Reset() {
 	*x = CreateSinkResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[42]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3152,7 +3336,7 @@ func (x *CreateSinkResponse) String() string {
 func (*CreateSinkResponse) ProtoMessage() {}
 
 func (x *CreateSinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[42]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3165,7 +3349,7 @@ func (x *CreateSinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSinkResponse.ProtoReflect.Descriptor instead.
 func (*CreateSinkResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{42}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CreateSinkResponse) GetSink() *Sink {
@@ -3184,7 +3368,7 @@ type ListSinksRequest struct {
 
 func (x *ListSinksRequest) Reset() {
 	*x = ListSinksRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[43]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3196,7 +3380,7 @@ func (x *ListSinksRequest) String() string {
 func (*ListSinksRequest) ProtoMessage() {}
 
 func (x *ListSinksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[43]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3209,7 +3393,7 @@ func (x *ListSinksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSinksRequest.ProtoReflect.Descriptor instead.
 func (*ListSinksRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{43}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{45}
 }
 
 // ListSinksResponse is the response of ListSinks.
@@ -3223,7 +3407,7 @@ type ListSinksResponse struct {
 
 func (x *ListSinksResponse) Reset() {
 	*x = ListSinksResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[44]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3235,7 +3419,7 @@ func (x *ListSinksResponse) String() string {
 func (*ListSinksResponse) ProtoMessage() {}
 
 func (x *ListSinksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[44]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3248,7 +3432,7 @@ func (x *ListSinksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSinksResponse.ProtoReflect.Descriptor instead.
 func (*ListSinksResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{44}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListSinksResponse) GetSinks() []*Sink {
@@ -3269,7 +3453,7 @@ type DeleteSinkRequest struct {
 
 func (x *DeleteSinkRequest) Reset() {
 	*x = DeleteSinkRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[45]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3281,7 +3465,7 @@ func (x *DeleteSinkRequest) String() string {
 func (*DeleteSinkRequest) ProtoMessage() {}
 
 func (x *DeleteSinkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[45]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3294,7 +3478,7 @@ func (x *DeleteSinkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSinkRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSinkRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{45}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DeleteSinkRequest) GetSinkId() string {
@@ -3313,7 +3497,7 @@ type DeleteSinkResponse struct {
 
 func (x *DeleteSinkResponse) Reset() {
 	*x = DeleteSinkResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[46]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3325,7 +3509,7 @@ func (x *DeleteSinkResponse) String() string {
 func (*DeleteSinkResponse) ProtoMessage() {}
 
 func (x *DeleteSinkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[46]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3338,7 +3522,7 @@ func (x *DeleteSinkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSinkResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSinkResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{46}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{48}
 }
 
 // ListLeasesRequest is the request of ListLeases.
@@ -3358,7 +3542,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[47]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3370,7 +3554,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[47]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3383,7 +3567,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{47}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListLeasesRequest) GetPageSize() int32 {
@@ -3420,7 +3604,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[48]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3432,7 +3616,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[48]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3445,7 +3629,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{48}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*Lease {
@@ -3473,7 +3657,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[49]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3485,7 +3669,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[49]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3498,7 +3682,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{49}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListWorkersRequest) GetGroup() string {
@@ -3519,7 +3703,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[50]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3531,7 +3715,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[50]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3544,7 +3728,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{50}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*Worker {
@@ -3563,7 +3747,7 @@ type ListGatewaysRequest struct {
 
 func (x *ListGatewaysRequest) Reset() {
 	*x = ListGatewaysRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[51]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3575,7 +3759,7 @@ func (x *ListGatewaysRequest) String() string {
 func (*ListGatewaysRequest) ProtoMessage() {}
 
 func (x *ListGatewaysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[51]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3588,7 +3772,7 @@ func (x *ListGatewaysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGatewaysRequest.ProtoReflect.Descriptor instead.
 func (*ListGatewaysRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{51}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{53}
 }
 
 // ListGatewaysResponse is the response of ListGateways.
@@ -3602,7 +3786,7 @@ type ListGatewaysResponse struct {
 
 func (x *ListGatewaysResponse) Reset() {
 	*x = ListGatewaysResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[52]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3614,7 +3798,7 @@ func (x *ListGatewaysResponse) String() string {
 func (*ListGatewaysResponse) ProtoMessage() {}
 
 func (x *ListGatewaysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[52]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3627,7 +3811,7 @@ func (x *ListGatewaysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGatewaysResponse.ProtoReflect.Descriptor instead.
 func (*ListGatewaysResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{52}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ListGatewaysResponse) GetGateways() []*Gateway {
@@ -3650,7 +3834,7 @@ type CordonNodeRequest struct {
 
 func (x *CordonNodeRequest) Reset() {
 	*x = CordonNodeRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[53]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3662,7 +3846,7 @@ func (x *CordonNodeRequest) String() string {
 func (*CordonNodeRequest) ProtoMessage() {}
 
 func (x *CordonNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[53]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3675,7 +3859,7 @@ func (x *CordonNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonNodeRequest.ProtoReflect.Descriptor instead.
 func (*CordonNodeRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{53}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *CordonNodeRequest) GetNodeId() string {
@@ -3703,7 +3887,7 @@ type CordonNodeResponse struct {
 
 func (x *CordonNodeResponse) Reset() {
 	*x = CordonNodeResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[54]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3715,7 +3899,7 @@ func (x *CordonNodeResponse) String() string {
 func (*CordonNodeResponse) ProtoMessage() {}
 
 func (x *CordonNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[54]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3728,7 +3912,7 @@ func (x *CordonNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonNodeResponse.ProtoReflect.Descriptor instead.
 func (*CordonNodeResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{54}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *CordonNodeResponse) GetNode() *Node {
@@ -3749,7 +3933,7 @@ type UncordonNodeRequest struct {
 
 func (x *UncordonNodeRequest) Reset() {
 	*x = UncordonNodeRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[55]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3761,7 +3945,7 @@ func (x *UncordonNodeRequest) String() string {
 func (*UncordonNodeRequest) ProtoMessage() {}
 
 func (x *UncordonNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[55]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3774,7 +3958,7 @@ func (x *UncordonNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UncordonNodeRequest.ProtoReflect.Descriptor instead.
 func (*UncordonNodeRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{55}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *UncordonNodeRequest) GetNodeId() string {
@@ -3795,7 +3979,7 @@ type UncordonNodeResponse struct {
 
 func (x *UncordonNodeResponse) Reset() {
 	*x = UncordonNodeResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[56]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3807,7 +3991,7 @@ func (x *UncordonNodeResponse) String() string {
 func (*UncordonNodeResponse) ProtoMessage() {}
 
 func (x *UncordonNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[56]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3820,7 +4004,7 @@ func (x *UncordonNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UncordonNodeResponse.ProtoReflect.Descriptor instead.
 func (*UncordonNodeResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{56}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *UncordonNodeResponse) GetNode() *Node {
@@ -3847,7 +4031,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[57]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3859,7 +4043,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[57]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3872,7 +4056,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{57}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *DrainNodeRequest) GetNodeId() string {
@@ -3916,7 +4100,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[58]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3928,7 +4112,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[58]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3941,7 +4125,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{58}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *DrainNodeResponse) GetNode() *Node {
@@ -3987,7 +4171,7 @@ type DecommissionNodeRequest struct {
 
 func (x *DecommissionNodeRequest) Reset() {
 	*x = DecommissionNodeRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[59]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3999,7 +4183,7 @@ func (x *DecommissionNodeRequest) String() string {
 func (*DecommissionNodeRequest) ProtoMessage() {}
 
 func (x *DecommissionNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[59]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4012,7 +4196,7 @@ func (x *DecommissionNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecommissionNodeRequest.ProtoReflect.Descriptor instead.
 func (*DecommissionNodeRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{59}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *DecommissionNodeRequest) GetNodeId() string {
@@ -4054,7 +4238,7 @@ type DecommissionNodeResponse struct {
 
 func (x *DecommissionNodeResponse) Reset() {
 	*x = DecommissionNodeResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[60]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4066,7 +4250,7 @@ func (x *DecommissionNodeResponse) String() string {
 func (*DecommissionNodeResponse) ProtoMessage() {}
 
 func (x *DecommissionNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[60]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4079,7 +4263,7 @@ func (x *DecommissionNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecommissionNodeResponse.ProtoReflect.Descriptor instead.
 func (*DecommissionNodeResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{60}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *DecommissionNodeResponse) GetNode() *Node {
@@ -4138,7 +4322,7 @@ type AuditEvent struct {
 
 func (x *AuditEvent) Reset() {
 	*x = AuditEvent{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[61]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4150,7 +4334,7 @@ func (x *AuditEvent) String() string {
 func (*AuditEvent) ProtoMessage() {}
 
 func (x *AuditEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[61]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4163,7 +4347,7 @@ func (x *AuditEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEvent.ProtoReflect.Descriptor instead.
 func (*AuditEvent) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{61}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *AuditEvent) GetId() int64 {
@@ -4256,7 +4440,7 @@ type ListAuditEventsRequest struct {
 
 func (x *ListAuditEventsRequest) Reset() {
 	*x = ListAuditEventsRequest{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[62]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4268,7 +4452,7 @@ func (x *ListAuditEventsRequest) String() string {
 func (*ListAuditEventsRequest) ProtoMessage() {}
 
 func (x *ListAuditEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[62]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4281,7 +4465,7 @@ func (x *ListAuditEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditEventsRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{62}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ListAuditEventsRequest) GetPageSize() int32 {
@@ -4353,7 +4537,7 @@ type ListAuditEventsResponse struct {
 
 func (x *ListAuditEventsResponse) Reset() {
 	*x = ListAuditEventsResponse{}
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[63]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4365,7 +4549,7 @@ func (x *ListAuditEventsResponse) String() string {
 func (*ListAuditEventsResponse) ProtoMessage() {}
 
 func (x *ListAuditEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_control_v1_control_proto_msgTypes[63]
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4378,7 +4562,7 @@ func (x *ListAuditEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditEventsResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{63}
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ListAuditEventsResponse) GetEvents() []*AuditEvent {
@@ -4423,7 +4607,7 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"cordonedAt\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x98\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x84\x05\n" +
 	"\aCommand\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
@@ -4437,7 +4621,12 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"created_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
 	"updated_at\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"\xcb\x02\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12J\n" +
+	"\x13cancel_requested_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\x11cancelRequestedAt\x12)\n" +
+	"\x10cancel_confirmed\x18\x15 \x01(\bR\x0fcancelConfirmed\x12%\n" +
+	"\x0ecancel_outcome\x18\x16 \x01(\tR\rcancelOutcome\x12!\n" +
+	"\foutput_bytes\x18\x17 \x01(\x03R\voutputBytes\x12)\n" +
+	"\x10output_truncated\x18\x18 \x01(\bR\x0foutputTruncated\"\xcb\x02\n" +
 	"\rCommandResult\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x1b\n" +
@@ -4578,7 +4767,16 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\x8b\x01\n" +
 	"\x13WaitCommandResponse\x127\n" +
 	"\acommand\x18\x01 \x01(\v2\x1d.leasehold.control.v1.CommandR\acommand\x12;\n" +
-	"\x06result\x18\x02 \x01(\v2#.leasehold.control.v1.CommandResultR\x06result\"\xd6\x01\n" +
+	"\x06result\x18\x02 \x01(\v2#.leasehold.control.v1.CommandResultR\x06result\"S\n" +
+	"\x1aStreamCommandOutputRequest\x12\x1d\n" +
+	"\n" +
+	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x03R\x06offset\"\xa0\x01\n" +
+	"\x1bStreamCommandOutputResponse\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x03R\x06offset\x127\n" +
+	"\x06stream\x18\x02 \x01(\x0e2\x1f.leasehold.node.v1.OutputStreamR\x06stream\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12\x1c\n" +
+	"\ttruncated\x18\x04 \x01(\bR\ttruncated\"\xd6\x01\n" +
 	"\x11CreatePoolRequest\x12\x17\n" +
 	"\apool_id\x18\x01 \x01(\tR\x06poolId\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12K\n" +
@@ -4736,7 +4934,7 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\x19POOL_LEASE_STATE_RELEASED\x10\x03*<\n" +
 	"\bSinkKind\x12\x19\n" +
 	"\x15SINK_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
-	"\x11SINK_KIND_WEBHOOK\x10\x012\xb1\x15\n" +
+	"\x11SINK_KIND_WEBHOOK\x10\x012\xaf\x16\n" +
 	"\x0eControlService\x12e\n" +
 	"\fRegisterNode\x12).leasehold.control.v1.RegisterNodeRequest\x1a*.leasehold.control.v1.RegisterNodeResponse\x12_\n" +
 	"\n" +
@@ -4771,7 +4969,8 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\fUncordonNode\x12).leasehold.control.v1.UncordonNodeRequest\x1a*.leasehold.control.v1.UncordonNodeResponse\x12\\\n" +
 	"\tDrainNode\x12&.leasehold.control.v1.DrainNodeRequest\x1a'.leasehold.control.v1.DrainNodeResponse\x12q\n" +
 	"\x10DecommissionNode\x12-.leasehold.control.v1.DecommissionNodeRequest\x1a..leasehold.control.v1.DecommissionNodeResponse\x12n\n" +
-	"\x0fListAuditEvents\x12,.leasehold.control.v1.ListAuditEventsRequest\x1a-.leasehold.control.v1.ListAuditEventsResponseB\xe1\x01\n" +
+	"\x0fListAuditEvents\x12,.leasehold.control.v1.ListAuditEventsRequest\x1a-.leasehold.control.v1.ListAuditEventsResponse\x12|\n" +
+	"\x13StreamCommandOutput\x120.leasehold.control.v1.StreamCommandOutputRequest\x1a1.leasehold.control.v1.StreamCommandOutputResponse0\x01B\xe1\x01\n" +
 	"\x18com.leasehold.control.v1B\fControlProtoP\x01ZEgithub.com/leasehold/leasehold/pkg/gen/leasehold/control/v1;controlv1\xa2\x02\x03LCX\xaa\x02\x14Leasehold.Control.V1\xca\x02\x14Leasehold\\Control\\V1\xe2\x02 Leasehold\\Control\\V1\\GPBMetadata\xea\x02\x16Leasehold::Control::V1b\x06proto3"
 
 var (
@@ -4787,219 +4986,226 @@ func file_leasehold_control_v1_control_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_control_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_leasehold_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
+var file_leasehold_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 72)
 var file_leasehold_control_v1_control_proto_goTypes = []any{
-	(NodeState)(0),                   // 0: leasehold.control.v1.NodeState
-	(CommandState)(0),                // 1: leasehold.control.v1.CommandState
-	(PoolLeaseState)(0),              // 2: leasehold.control.v1.PoolLeaseState
-	(SinkKind)(0),                    // 3: leasehold.control.v1.SinkKind
-	(*Node)(nil),                     // 4: leasehold.control.v1.Node
-	(*Command)(nil),                  // 5: leasehold.control.v1.Command
-	(*CommandResult)(nil),            // 6: leasehold.control.v1.CommandResult
-	(*Pool)(nil),                     // 7: leasehold.control.v1.Pool
-	(*PoolLease)(nil),                // 8: leasehold.control.v1.PoolLease
-	(*Sink)(nil),                     // 9: leasehold.control.v1.Sink
-	(*Lease)(nil),                    // 10: leasehold.control.v1.Lease
-	(*Worker)(nil),                   // 11: leasehold.control.v1.Worker
-	(*Gateway)(nil),                  // 12: leasehold.control.v1.Gateway
-	(*RegisterNodeRequest)(nil),      // 13: leasehold.control.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),     // 14: leasehold.control.v1.RegisterNodeResponse
-	(*RevokeNodeRequest)(nil),        // 15: leasehold.control.v1.RevokeNodeRequest
-	(*RevokeNodeResponse)(nil),       // 16: leasehold.control.v1.RevokeNodeResponse
-	(*GetNodeRequest)(nil),           // 17: leasehold.control.v1.GetNodeRequest
-	(*GetNodeResponse)(nil),          // 18: leasehold.control.v1.GetNodeResponse
-	(*ListNodesRequest)(nil),         // 19: leasehold.control.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),        // 20: leasehold.control.v1.ListNodesResponse
-	(*CreateCommandRequest)(nil),     // 21: leasehold.control.v1.CreateCommandRequest
-	(*CreateCommandResponse)(nil),    // 22: leasehold.control.v1.CreateCommandResponse
-	(*GetCommandRequest)(nil),        // 23: leasehold.control.v1.GetCommandRequest
-	(*GetCommandResponse)(nil),       // 24: leasehold.control.v1.GetCommandResponse
-	(*ListCommandsRequest)(nil),      // 25: leasehold.control.v1.ListCommandsRequest
-	(*ListCommandsResponse)(nil),     // 26: leasehold.control.v1.ListCommandsResponse
-	(*CancelCommandRequest)(nil),     // 27: leasehold.control.v1.CancelCommandRequest
-	(*CancelCommandResponse)(nil),    // 28: leasehold.control.v1.CancelCommandResponse
-	(*WaitCommandRequest)(nil),       // 29: leasehold.control.v1.WaitCommandRequest
-	(*WaitCommandResponse)(nil),      // 30: leasehold.control.v1.WaitCommandResponse
-	(*CreatePoolRequest)(nil),        // 31: leasehold.control.v1.CreatePoolRequest
-	(*CreatePoolResponse)(nil),       // 32: leasehold.control.v1.CreatePoolResponse
-	(*GetPoolRequest)(nil),           // 33: leasehold.control.v1.GetPoolRequest
-	(*GetPoolResponse)(nil),          // 34: leasehold.control.v1.GetPoolResponse
-	(*ListPoolsRequest)(nil),         // 35: leasehold.control.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),        // 36: leasehold.control.v1.ListPoolsResponse
-	(*CreatePoolLeaseRequest)(nil),   // 37: leasehold.control.v1.CreatePoolLeaseRequest
-	(*CreatePoolLeaseResponse)(nil),  // 38: leasehold.control.v1.CreatePoolLeaseResponse
-	(*GetPoolLeaseRequest)(nil),      // 39: leasehold.control.v1.GetPoolLeaseRequest
-	(*GetPoolLeaseResponse)(nil),     // 40: leasehold.control.v1.GetPoolLeaseResponse
-	(*ListPoolLeasesRequest)(nil),    // 41: leasehold.control.v1.ListPoolLeasesRequest
-	(*ListPoolLeasesResponse)(nil),   // 42: leasehold.control.v1.ListPoolLeasesResponse
-	(*ReleasePoolLeaseRequest)(nil),  // 43: leasehold.control.v1.ReleasePoolLeaseRequest
-	(*ReleasePoolLeaseResponse)(nil), // 44: leasehold.control.v1.ReleasePoolLeaseResponse
-	(*CreateSinkRequest)(nil),        // 45: leasehold.control.v1.CreateSinkRequest
-	(*CreateSinkResponse)(nil),       // 46: leasehold.control.v1.CreateSinkResponse
-	(*ListSinksRequest)(nil),         // 47: leasehold.control.v1.ListSinksRequest
-	(*ListSinksResponse)(nil),        // 48: leasehold.control.v1.ListSinksResponse
-	(*DeleteSinkRequest)(nil),        // 49: leasehold.control.v1.DeleteSinkRequest
-	(*DeleteSinkResponse)(nil),       // 50: leasehold.control.v1.DeleteSinkResponse
-	(*ListLeasesRequest)(nil),        // 51: leasehold.control.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),       // 52: leasehold.control.v1.ListLeasesResponse
-	(*ListWorkersRequest)(nil),       // 53: leasehold.control.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),      // 54: leasehold.control.v1.ListWorkersResponse
-	(*ListGatewaysRequest)(nil),      // 55: leasehold.control.v1.ListGatewaysRequest
-	(*ListGatewaysResponse)(nil),     // 56: leasehold.control.v1.ListGatewaysResponse
-	(*CordonNodeRequest)(nil),        // 57: leasehold.control.v1.CordonNodeRequest
-	(*CordonNodeResponse)(nil),       // 58: leasehold.control.v1.CordonNodeResponse
-	(*UncordonNodeRequest)(nil),      // 59: leasehold.control.v1.UncordonNodeRequest
-	(*UncordonNodeResponse)(nil),     // 60: leasehold.control.v1.UncordonNodeResponse
-	(*DrainNodeRequest)(nil),         // 61: leasehold.control.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),        // 62: leasehold.control.v1.DrainNodeResponse
-	(*DecommissionNodeRequest)(nil),  // 63: leasehold.control.v1.DecommissionNodeRequest
-	(*DecommissionNodeResponse)(nil), // 64: leasehold.control.v1.DecommissionNodeResponse
-	(*AuditEvent)(nil),               // 65: leasehold.control.v1.AuditEvent
-	(*ListAuditEventsRequest)(nil),   // 66: leasehold.control.v1.ListAuditEventsRequest
-	(*ListAuditEventsResponse)(nil),  // 67: leasehold.control.v1.ListAuditEventsResponse
-	nil,                              // 68: leasehold.control.v1.Node.LabelsEntry
-	nil,                              // 69: leasehold.control.v1.Pool.LabelsEntry
-	nil,                              // 70: leasehold.control.v1.PoolLease.SelectorEntry
-	nil,                              // 71: leasehold.control.v1.RegisterNodeRequest.LabelsEntry
-	nil,                              // 72: leasehold.control.v1.CreatePoolRequest.LabelsEntry
-	nil,                              // 73: leasehold.control.v1.CreatePoolLeaseRequest.SelectorEntry
-	(v1.NodeKind)(0),                 // 74: leasehold.node.v1.NodeKind
-	(*timestamppb.Timestamp)(nil),    // 75: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 76: google.protobuf.Duration
-	(*structpb.Struct)(nil),          // 77: google.protobuf.Struct
+	(NodeState)(0),                      // 0: leasehold.control.v1.NodeState
+	(CommandState)(0),                   // 1: leasehold.control.v1.CommandState
+	(PoolLeaseState)(0),                 // 2: leasehold.control.v1.PoolLeaseState
+	(SinkKind)(0),                       // 3: leasehold.control.v1.SinkKind
+	(*Node)(nil),                        // 4: leasehold.control.v1.Node
+	(*Command)(nil),                     // 5: leasehold.control.v1.Command
+	(*CommandResult)(nil),               // 6: leasehold.control.v1.CommandResult
+	(*Pool)(nil),                        // 7: leasehold.control.v1.Pool
+	(*PoolLease)(nil),                   // 8: leasehold.control.v1.PoolLease
+	(*Sink)(nil),                        // 9: leasehold.control.v1.Sink
+	(*Lease)(nil),                       // 10: leasehold.control.v1.Lease
+	(*Worker)(nil),                      // 11: leasehold.control.v1.Worker
+	(*Gateway)(nil),                     // 12: leasehold.control.v1.Gateway
+	(*RegisterNodeRequest)(nil),         // 13: leasehold.control.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),        // 14: leasehold.control.v1.RegisterNodeResponse
+	(*RevokeNodeRequest)(nil),           // 15: leasehold.control.v1.RevokeNodeRequest
+	(*RevokeNodeResponse)(nil),          // 16: leasehold.control.v1.RevokeNodeResponse
+	(*GetNodeRequest)(nil),              // 17: leasehold.control.v1.GetNodeRequest
+	(*GetNodeResponse)(nil),             // 18: leasehold.control.v1.GetNodeResponse
+	(*ListNodesRequest)(nil),            // 19: leasehold.control.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),           // 20: leasehold.control.v1.ListNodesResponse
+	(*CreateCommandRequest)(nil),        // 21: leasehold.control.v1.CreateCommandRequest
+	(*CreateCommandResponse)(nil),       // 22: leasehold.control.v1.CreateCommandResponse
+	(*GetCommandRequest)(nil),           // 23: leasehold.control.v1.GetCommandRequest
+	(*GetCommandResponse)(nil),          // 24: leasehold.control.v1.GetCommandResponse
+	(*ListCommandsRequest)(nil),         // 25: leasehold.control.v1.ListCommandsRequest
+	(*ListCommandsResponse)(nil),        // 26: leasehold.control.v1.ListCommandsResponse
+	(*CancelCommandRequest)(nil),        // 27: leasehold.control.v1.CancelCommandRequest
+	(*CancelCommandResponse)(nil),       // 28: leasehold.control.v1.CancelCommandResponse
+	(*WaitCommandRequest)(nil),          // 29: leasehold.control.v1.WaitCommandRequest
+	(*WaitCommandResponse)(nil),         // 30: leasehold.control.v1.WaitCommandResponse
+	(*StreamCommandOutputRequest)(nil),  // 31: leasehold.control.v1.StreamCommandOutputRequest
+	(*StreamCommandOutputResponse)(nil), // 32: leasehold.control.v1.StreamCommandOutputResponse
+	(*CreatePoolRequest)(nil),           // 33: leasehold.control.v1.CreatePoolRequest
+	(*CreatePoolResponse)(nil),          // 34: leasehold.control.v1.CreatePoolResponse
+	(*GetPoolRequest)(nil),              // 35: leasehold.control.v1.GetPoolRequest
+	(*GetPoolResponse)(nil),             // 36: leasehold.control.v1.GetPoolResponse
+	(*ListPoolsRequest)(nil),            // 37: leasehold.control.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),           // 38: leasehold.control.v1.ListPoolsResponse
+	(*CreatePoolLeaseRequest)(nil),      // 39: leasehold.control.v1.CreatePoolLeaseRequest
+	(*CreatePoolLeaseResponse)(nil),     // 40: leasehold.control.v1.CreatePoolLeaseResponse
+	(*GetPoolLeaseRequest)(nil),         // 41: leasehold.control.v1.GetPoolLeaseRequest
+	(*GetPoolLeaseResponse)(nil),        // 42: leasehold.control.v1.GetPoolLeaseResponse
+	(*ListPoolLeasesRequest)(nil),       // 43: leasehold.control.v1.ListPoolLeasesRequest
+	(*ListPoolLeasesResponse)(nil),      // 44: leasehold.control.v1.ListPoolLeasesResponse
+	(*ReleasePoolLeaseRequest)(nil),     // 45: leasehold.control.v1.ReleasePoolLeaseRequest
+	(*ReleasePoolLeaseResponse)(nil),    // 46: leasehold.control.v1.ReleasePoolLeaseResponse
+	(*CreateSinkRequest)(nil),           // 47: leasehold.control.v1.CreateSinkRequest
+	(*CreateSinkResponse)(nil),          // 48: leasehold.control.v1.CreateSinkResponse
+	(*ListSinksRequest)(nil),            // 49: leasehold.control.v1.ListSinksRequest
+	(*ListSinksResponse)(nil),           // 50: leasehold.control.v1.ListSinksResponse
+	(*DeleteSinkRequest)(nil),           // 51: leasehold.control.v1.DeleteSinkRequest
+	(*DeleteSinkResponse)(nil),          // 52: leasehold.control.v1.DeleteSinkResponse
+	(*ListLeasesRequest)(nil),           // 53: leasehold.control.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),          // 54: leasehold.control.v1.ListLeasesResponse
+	(*ListWorkersRequest)(nil),          // 55: leasehold.control.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),         // 56: leasehold.control.v1.ListWorkersResponse
+	(*ListGatewaysRequest)(nil),         // 57: leasehold.control.v1.ListGatewaysRequest
+	(*ListGatewaysResponse)(nil),        // 58: leasehold.control.v1.ListGatewaysResponse
+	(*CordonNodeRequest)(nil),           // 59: leasehold.control.v1.CordonNodeRequest
+	(*CordonNodeResponse)(nil),          // 60: leasehold.control.v1.CordonNodeResponse
+	(*UncordonNodeRequest)(nil),         // 61: leasehold.control.v1.UncordonNodeRequest
+	(*UncordonNodeResponse)(nil),        // 62: leasehold.control.v1.UncordonNodeResponse
+	(*DrainNodeRequest)(nil),            // 63: leasehold.control.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),           // 64: leasehold.control.v1.DrainNodeResponse
+	(*DecommissionNodeRequest)(nil),     // 65: leasehold.control.v1.DecommissionNodeRequest
+	(*DecommissionNodeResponse)(nil),    // 66: leasehold.control.v1.DecommissionNodeResponse
+	(*AuditEvent)(nil),                  // 67: leasehold.control.v1.AuditEvent
+	(*ListAuditEventsRequest)(nil),      // 68: leasehold.control.v1.ListAuditEventsRequest
+	(*ListAuditEventsResponse)(nil),     // 69: leasehold.control.v1.ListAuditEventsResponse
+	nil,                                 // 70: leasehold.control.v1.Node.LabelsEntry
+	nil,                                 // 71: leasehold.control.v1.Pool.LabelsEntry
+	nil,                                 // 72: leasehold.control.v1.PoolLease.SelectorEntry
+	nil,                                 // 73: leasehold.control.v1.RegisterNodeRequest.LabelsEntry
+	nil,                                 // 74: leasehold.control.v1.CreatePoolRequest.LabelsEntry
+	nil,                                 // 75: leasehold.control.v1.CreatePoolLeaseRequest.SelectorEntry
+	(v1.NodeKind)(0),                    // 76: leasehold.node.v1.NodeKind
+	(*timestamppb.Timestamp)(nil),       // 77: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),         // 78: google.protobuf.Duration
+	(v1.OutputStream)(0),                // 79: leasehold.node.v1.OutputStream
+	(*structpb.Struct)(nil),             // 80: google.protobuf.Struct
 }
 var file_leasehold_control_v1_control_proto_depIdxs = []int32{
-	74, // 0: leasehold.control.v1.Node.kind:type_name -> leasehold.node.v1.NodeKind
-	68, // 1: leasehold.control.v1.Node.labels:type_name -> leasehold.control.v1.Node.LabelsEntry
-	0,  // 2: leasehold.control.v1.Node.state:type_name -> leasehold.control.v1.NodeState
-	75, // 3: leasehold.control.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
-	75, // 4: leasehold.control.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	75, // 5: leasehold.control.v1.Node.revoked_at:type_name -> google.protobuf.Timestamp
-	75, // 6: leasehold.control.v1.Node.cordoned_at:type_name -> google.protobuf.Timestamp
-	1,  // 7: leasehold.control.v1.Command.state:type_name -> leasehold.control.v1.CommandState
-	75, // 8: leasehold.control.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	75, // 9: leasehold.control.v1.Command.created_at:type_name -> google.protobuf.Timestamp
-	75, // 10: leasehold.control.v1.Command.updated_at:type_name -> google.protobuf.Timestamp
-	75, // 11: leasehold.control.v1.CommandResult.started_at:type_name -> google.protobuf.Timestamp
-	75, // 12: leasehold.control.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	75, // 13: leasehold.control.v1.CommandResult.received_at:type_name -> google.protobuf.Timestamp
-	69, // 14: leasehold.control.v1.Pool.labels:type_name -> leasehold.control.v1.Pool.LabelsEntry
-	75, // 15: leasehold.control.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
-	70, // 16: leasehold.control.v1.PoolLease.selector:type_name -> leasehold.control.v1.PoolLease.SelectorEntry
-	2,  // 17: leasehold.control.v1.PoolLease.state:type_name -> leasehold.control.v1.PoolLeaseState
-	75, // 18: leasehold.control.v1.PoolLease.created_at:type_name -> google.protobuf.Timestamp
-	75, // 19: leasehold.control.v1.PoolLease.updated_at:type_name -> google.protobuf.Timestamp
-	75, // 20: leasehold.control.v1.PoolLease.released_at:type_name -> google.protobuf.Timestamp
-	3,  // 21: leasehold.control.v1.Sink.kind:type_name -> leasehold.control.v1.SinkKind
-	75, // 22: leasehold.control.v1.Sink.created_at:type_name -> google.protobuf.Timestamp
-	75, // 23: leasehold.control.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	75, // 24: leasehold.control.v1.Worker.heartbeat_at:type_name -> google.protobuf.Timestamp
-	76, // 25: leasehold.control.v1.Worker.clock_skew:type_name -> google.protobuf.Duration
-	75, // 26: leasehold.control.v1.Gateway.lease_expires_at:type_name -> google.protobuf.Timestamp
-	74, // 27: leasehold.control.v1.RegisterNodeRequest.kind:type_name -> leasehold.node.v1.NodeKind
-	71, // 28: leasehold.control.v1.RegisterNodeRequest.labels:type_name -> leasehold.control.v1.RegisterNodeRequest.LabelsEntry
-	4,  // 29: leasehold.control.v1.RegisterNodeResponse.node:type_name -> leasehold.control.v1.Node
-	4,  // 30: leasehold.control.v1.RevokeNodeResponse.node:type_name -> leasehold.control.v1.Node
-	4,  // 31: leasehold.control.v1.GetNodeResponse.node:type_name -> leasehold.control.v1.Node
-	0,  // 32: leasehold.control.v1.ListNodesRequest.state:type_name -> leasehold.control.v1.NodeState
-	4,  // 33: leasehold.control.v1.ListNodesResponse.nodes:type_name -> leasehold.control.v1.Node
-	75, // 34: leasehold.control.v1.CreateCommandRequest.deadline:type_name -> google.protobuf.Timestamp
-	76, // 35: leasehold.control.v1.CreateCommandRequest.timeout:type_name -> google.protobuf.Duration
-	5,  // 36: leasehold.control.v1.CreateCommandResponse.command:type_name -> leasehold.control.v1.Command
-	5,  // 37: leasehold.control.v1.GetCommandResponse.command:type_name -> leasehold.control.v1.Command
-	6,  // 38: leasehold.control.v1.GetCommandResponse.result:type_name -> leasehold.control.v1.CommandResult
-	1,  // 39: leasehold.control.v1.ListCommandsRequest.state:type_name -> leasehold.control.v1.CommandState
-	5,  // 40: leasehold.control.v1.ListCommandsResponse.commands:type_name -> leasehold.control.v1.Command
-	5,  // 41: leasehold.control.v1.CancelCommandResponse.command:type_name -> leasehold.control.v1.Command
-	76, // 42: leasehold.control.v1.WaitCommandRequest.timeout:type_name -> google.protobuf.Duration
-	5,  // 43: leasehold.control.v1.WaitCommandResponse.command:type_name -> leasehold.control.v1.Command
-	6,  // 44: leasehold.control.v1.WaitCommandResponse.result:type_name -> leasehold.control.v1.CommandResult
-	72, // 45: leasehold.control.v1.CreatePoolRequest.labels:type_name -> leasehold.control.v1.CreatePoolRequest.LabelsEntry
-	7,  // 46: leasehold.control.v1.CreatePoolResponse.pool:type_name -> leasehold.control.v1.Pool
-	7,  // 47: leasehold.control.v1.GetPoolResponse.pool:type_name -> leasehold.control.v1.Pool
-	7,  // 48: leasehold.control.v1.ListPoolsResponse.pools:type_name -> leasehold.control.v1.Pool
-	73, // 49: leasehold.control.v1.CreatePoolLeaseRequest.selector:type_name -> leasehold.control.v1.CreatePoolLeaseRequest.SelectorEntry
-	8,  // 50: leasehold.control.v1.CreatePoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
-	8,  // 51: leasehold.control.v1.GetPoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
-	2,  // 52: leasehold.control.v1.ListPoolLeasesRequest.state:type_name -> leasehold.control.v1.PoolLeaseState
-	8,  // 53: leasehold.control.v1.ListPoolLeasesResponse.pool_leases:type_name -> leasehold.control.v1.PoolLease
-	8,  // 54: leasehold.control.v1.ReleasePoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
-	3,  // 55: leasehold.control.v1.CreateSinkRequest.kind:type_name -> leasehold.control.v1.SinkKind
-	9,  // 56: leasehold.control.v1.CreateSinkResponse.sink:type_name -> leasehold.control.v1.Sink
-	9,  // 57: leasehold.control.v1.ListSinksResponse.sinks:type_name -> leasehold.control.v1.Sink
-	10, // 58: leasehold.control.v1.ListLeasesResponse.leases:type_name -> leasehold.control.v1.Lease
-	11, // 59: leasehold.control.v1.ListWorkersResponse.workers:type_name -> leasehold.control.v1.Worker
-	12, // 60: leasehold.control.v1.ListGatewaysResponse.gateways:type_name -> leasehold.control.v1.Gateway
-	4,  // 61: leasehold.control.v1.CordonNodeResponse.node:type_name -> leasehold.control.v1.Node
-	4,  // 62: leasehold.control.v1.UncordonNodeResponse.node:type_name -> leasehold.control.v1.Node
-	76, // 63: leasehold.control.v1.DrainNodeRequest.timeout:type_name -> google.protobuf.Duration
-	4,  // 64: leasehold.control.v1.DrainNodeResponse.node:type_name -> leasehold.control.v1.Node
-	76, // 65: leasehold.control.v1.DecommissionNodeRequest.timeout:type_name -> google.protobuf.Duration
-	4,  // 66: leasehold.control.v1.DecommissionNodeResponse.node:type_name -> leasehold.control.v1.Node
-	75, // 67: leasehold.control.v1.AuditEvent.at:type_name -> google.protobuf.Timestamp
-	77, // 68: leasehold.control.v1.AuditEvent.detail:type_name -> google.protobuf.Struct
-	75, // 69: leasehold.control.v1.ListAuditEventsRequest.since:type_name -> google.protobuf.Timestamp
-	75, // 70: leasehold.control.v1.ListAuditEventsRequest.until:type_name -> google.protobuf.Timestamp
-	65, // 71: leasehold.control.v1.ListAuditEventsResponse.events:type_name -> leasehold.control.v1.AuditEvent
-	13, // 72: leasehold.control.v1.ControlService.RegisterNode:input_type -> leasehold.control.v1.RegisterNodeRequest
-	15, // 73: leasehold.control.v1.ControlService.RevokeNode:input_type -> leasehold.control.v1.RevokeNodeRequest
-	17, // 74: leasehold.control.v1.ControlService.GetNode:input_type -> leasehold.control.v1.GetNodeRequest
-	19, // 75: leasehold.control.v1.ControlService.ListNodes:input_type -> leasehold.control.v1.ListNodesRequest
-	21, // 76: leasehold.control.v1.ControlService.CreateCommand:input_type -> leasehold.control.v1.CreateCommandRequest
-	23, // 77: leasehold.control.v1.ControlService.GetCommand:input_type -> leasehold.control.v1.GetCommandRequest
-	25, // 78: leasehold.control.v1.ControlService.ListCommands:input_type -> leasehold.control.v1.ListCommandsRequest
-	27, // 79: leasehold.control.v1.ControlService.CancelCommand:input_type -> leasehold.control.v1.CancelCommandRequest
-	29, // 80: leasehold.control.v1.ControlService.WaitCommand:input_type -> leasehold.control.v1.WaitCommandRequest
-	31, // 81: leasehold.control.v1.ControlService.CreatePool:input_type -> leasehold.control.v1.CreatePoolRequest
-	33, // 82: leasehold.control.v1.ControlService.GetPool:input_type -> leasehold.control.v1.GetPoolRequest
-	35, // 83: leasehold.control.v1.ControlService.ListPools:input_type -> leasehold.control.v1.ListPoolsRequest
-	37, // 84: leasehold.control.v1.ControlService.CreatePoolLease:input_type -> leasehold.control.v1.CreatePoolLeaseRequest
-	39, // 85: leasehold.control.v1.ControlService.GetPoolLease:input_type -> leasehold.control.v1.GetPoolLeaseRequest
-	41, // 86: leasehold.control.v1.ControlService.ListPoolLeases:input_type -> leasehold.control.v1.ListPoolLeasesRequest
-	43, // 87: leasehold.control.v1.ControlService.ReleasePoolLease:input_type -> leasehold.control.v1.ReleasePoolLeaseRequest
-	45, // 88: leasehold.control.v1.ControlService.CreateSink:input_type -> leasehold.control.v1.CreateSinkRequest
-	47, // 89: leasehold.control.v1.ControlService.ListSinks:input_type -> leasehold.control.v1.ListSinksRequest
-	49, // 90: leasehold.control.v1.ControlService.DeleteSink:input_type -> leasehold.control.v1.DeleteSinkRequest
-	51, // 91: leasehold.control.v1.ControlService.ListLeases:input_type -> leasehold.control.v1.ListLeasesRequest
-	53, // 92: leasehold.control.v1.ControlService.ListWorkers:input_type -> leasehold.control.v1.ListWorkersRequest
-	55, // 93: leasehold.control.v1.ControlService.ListGateways:input_type -> leasehold.control.v1.ListGatewaysRequest
-	57, // 94: leasehold.control.v1.ControlService.CordonNode:input_type -> leasehold.control.v1.CordonNodeRequest
-	59, // 95: leasehold.control.v1.ControlService.UncordonNode:input_type -> leasehold.control.v1.UncordonNodeRequest
-	61, // 96: leasehold.control.v1.ControlService.DrainNode:input_type -> leasehold.control.v1.DrainNodeRequest
-	63, // 97: leasehold.control.v1.ControlService.DecommissionNode:input_type -> leasehold.control.v1.DecommissionNodeRequest
-	66, // 98: leasehold.control.v1.ControlService.ListAuditEvents:input_type -> leasehold.control.v1.ListAuditEventsRequest
-	14, // 99: leasehold.control.v1.ControlService.RegisterNode:output_type -> leasehold.control.v1.RegisterNodeResponse
-	16, // 100: leasehold.control.v1.ControlService.RevokeNode:output_type -> leasehold.control.v1.RevokeNodeResponse
-	18, // 101: leasehold.control.v1.ControlService.GetNode:output_type -> leasehold.control.v1.GetNodeResponse
-	20, // 102: leasehold.control.v1.ControlService.ListNodes:output_type -> leasehold.control.v1.ListNodesResponse
-	22, // 103: leasehold.control.v1.ControlService.CreateCommand:output_type -> leasehold.control.v1.CreateCommandResponse
-	24, // 104: leasehold.control.v1.ControlService.GetCommand:output_type -> leasehold.control.v1.GetCommandResponse
-	26, // 105: leasehold.control.v1.ControlService.ListCommands:output_type -> leasehold.control.v1.ListCommandsResponse
-	28, // 106: leasehold.control.v1.ControlService.CancelCommand:output_type -> leasehold.control.v1.CancelCommandResponse
-	30, // 107: leasehold.control.v1.ControlService.WaitCommand:output_type -> leasehold.control.v1.WaitCommandResponse
-	32, // 108: leasehold.control.v1.ControlService.CreatePool:output_type -> leasehold.control.v1.CreatePoolResponse
-	34, // 109: leasehold.control.v1.ControlService.GetPool:output_type -> leasehold.control.v1.GetPoolResponse
-	36, // 110: leasehold.control.v1.ControlService.ListPools:output_type -> leasehold.control.v1.ListPoolsResponse
-	38, // 111: leasehold.control.v1.ControlService.CreatePoolLease:output_type -> leasehold.control.v1.CreatePoolLeaseResponse
-	40, // 112: leasehold.control.v1.ControlService.GetPoolLease:output_type -> leasehold.control.v1.GetPoolLeaseResponse
-	42, // 113: leasehold.control.v1.ControlService.ListPoolLeases:output_type -> leasehold.control.v1.ListPoolLeasesResponse
-	44, // 114: leasehold.control.v1.ControlService.ReleasePoolLease:output_type -> leasehold.control.v1.ReleasePoolLeaseResponse
-	46, // 115: leasehold.control.v1.ControlService.CreateSink:output_type -> leasehold.control.v1.CreateSinkResponse
-	48, // 116: leasehold.control.v1.ControlService.ListSinks:output_type -> leasehold.control.v1.ListSinksResponse
-	50, // 117: leasehold.control.v1.ControlService.DeleteSink:output_type -> leasehold.control.v1.DeleteSinkResponse
-	52, // 118: leasehold.control.v1.ControlService.ListLeases:output_type -> leasehold.control.v1.ListLeasesResponse
-	54, // 119: leasehold.control.v1.ControlService.ListWorkers:output_type -> leasehold.control.v1.ListWorkersResponse
-	56, // 120: leasehold.control.v1.ControlService.ListGateways:output_type -> leasehold.control.v1.ListGatewaysResponse
-	58, // 121: leasehold.control.v1.ControlService.CordonNode:output_type -> leasehold.control.v1.CordonNodeResponse
-	60, // 122: leasehold.control.v1.ControlService.UncordonNode:output_type -> leasehold.control.v1.UncordonNodeResponse
-	62, // 123: leasehold.control.v1.ControlService.DrainNode:output_type -> leasehold.control.v1.DrainNodeResponse
-	64, // 124: leasehold.control.v1.ControlService.DecommissionNode:output_type -> leasehold.control.v1.DecommissionNodeResponse
-	67, // 125: leasehold.control.v1.ControlService.ListAuditEvents:output_type -> leasehold.control.v1.ListAuditEventsResponse
-	99, // [99:126] is the sub-list for method output_type
-	72, // [72:99] is the sub-list for method input_type
-	72, // [72:72] is the sub-list for extension type_name
-	72, // [72:72] is the sub-list for extension extendee
-	0,  // [0:72] is the sub-list for field type_name
+	76,  // 0: leasehold.control.v1.Node.kind:type_name -> leasehold.node.v1.NodeKind
+	70,  // 1: leasehold.control.v1.Node.labels:type_name -> leasehold.control.v1.Node.LabelsEntry
+	0,   // 2: leasehold.control.v1.Node.state:type_name -> leasehold.control.v1.NodeState
+	77,  // 3: leasehold.control.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
+	77,  // 4: leasehold.control.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	77,  // 5: leasehold.control.v1.Node.revoked_at:type_name -> google.protobuf.Timestamp
+	77,  // 6: leasehold.control.v1.Node.cordoned_at:type_name -> google.protobuf.Timestamp
+	1,   // 7: leasehold.control.v1.Command.state:type_name -> leasehold.control.v1.CommandState
+	77,  // 8: leasehold.control.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	77,  // 9: leasehold.control.v1.Command.created_at:type_name -> google.protobuf.Timestamp
+	77,  // 10: leasehold.control.v1.Command.updated_at:type_name -> google.protobuf.Timestamp
+	77,  // 11: leasehold.control.v1.Command.cancel_requested_at:type_name -> google.protobuf.Timestamp
+	77,  // 12: leasehold.control.v1.CommandResult.started_at:type_name -> google.protobuf.Timestamp
+	77,  // 13: leasehold.control.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	77,  // 14: leasehold.control.v1.CommandResult.received_at:type_name -> google.protobuf.Timestamp
+	71,  // 15: leasehold.control.v1.Pool.labels:type_name -> leasehold.control.v1.Pool.LabelsEntry
+	77,  // 16: leasehold.control.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
+	72,  // 17: leasehold.control.v1.PoolLease.selector:type_name -> leasehold.control.v1.PoolLease.SelectorEntry
+	2,   // 18: leasehold.control.v1.PoolLease.state:type_name -> leasehold.control.v1.PoolLeaseState
+	77,  // 19: leasehold.control.v1.PoolLease.created_at:type_name -> google.protobuf.Timestamp
+	77,  // 20: leasehold.control.v1.PoolLease.updated_at:type_name -> google.protobuf.Timestamp
+	77,  // 21: leasehold.control.v1.PoolLease.released_at:type_name -> google.protobuf.Timestamp
+	3,   // 22: leasehold.control.v1.Sink.kind:type_name -> leasehold.control.v1.SinkKind
+	77,  // 23: leasehold.control.v1.Sink.created_at:type_name -> google.protobuf.Timestamp
+	77,  // 24: leasehold.control.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	77,  // 25: leasehold.control.v1.Worker.heartbeat_at:type_name -> google.protobuf.Timestamp
+	78,  // 26: leasehold.control.v1.Worker.clock_skew:type_name -> google.protobuf.Duration
+	77,  // 27: leasehold.control.v1.Gateway.lease_expires_at:type_name -> google.protobuf.Timestamp
+	76,  // 28: leasehold.control.v1.RegisterNodeRequest.kind:type_name -> leasehold.node.v1.NodeKind
+	73,  // 29: leasehold.control.v1.RegisterNodeRequest.labels:type_name -> leasehold.control.v1.RegisterNodeRequest.LabelsEntry
+	4,   // 30: leasehold.control.v1.RegisterNodeResponse.node:type_name -> leasehold.control.v1.Node
+	4,   // 31: leasehold.control.v1.RevokeNodeResponse.node:type_name -> leasehold.control.v1.Node
+	4,   // 32: leasehold.control.v1.GetNodeResponse.node:type_name -> leasehold.control.v1.Node
+	0,   // 33: leasehold.control.v1.ListNodesRequest.state:type_name -> leasehold.control.v1.NodeState
+	4,   // 34: leasehold.control.v1.ListNodesResponse.nodes:type_name -> leasehold.control.v1.Node
+	77,  // 35: leasehold.control.v1.CreateCommandRequest.deadline:type_name -> google.protobuf.Timestamp
+	78,  // 36: leasehold.control.v1.CreateCommandRequest.timeout:type_name -> google.protobuf.Duration
+	5,   // 37: leasehold.control.v1.CreateCommandResponse.command:type_name -> leasehold.control.v1.Command
+	5,   // 38: leasehold.control.v1.GetCommandResponse.command:type_name -> leasehold.control.v1.Command
+	6,   // 39: leasehold.control.v1.GetCommandResponse.result:type_name -> leasehold.control.v1.CommandResult
+	1,   // 40: leasehold.control.v1.ListCommandsRequest.state:type_name -> leasehold.control.v1.CommandState
+	5,   // 41: leasehold.control.v1.ListCommandsResponse.commands:type_name -> leasehold.control.v1.Command
+	5,   // 42: leasehold.control.v1.CancelCommandResponse.command:type_name -> leasehold.control.v1.Command
+	78,  // 43: leasehold.control.v1.WaitCommandRequest.timeout:type_name -> google.protobuf.Duration
+	5,   // 44: leasehold.control.v1.WaitCommandResponse.command:type_name -> leasehold.control.v1.Command
+	6,   // 45: leasehold.control.v1.WaitCommandResponse.result:type_name -> leasehold.control.v1.CommandResult
+	79,  // 46: leasehold.control.v1.StreamCommandOutputResponse.stream:type_name -> leasehold.node.v1.OutputStream
+	74,  // 47: leasehold.control.v1.CreatePoolRequest.labels:type_name -> leasehold.control.v1.CreatePoolRequest.LabelsEntry
+	7,   // 48: leasehold.control.v1.CreatePoolResponse.pool:type_name -> leasehold.control.v1.Pool
+	7,   // 49: leasehold.control.v1.GetPoolResponse.pool:type_name -> leasehold.control.v1.Pool
+	7,   // 50: leasehold.control.v1.ListPoolsResponse.pools:type_name -> leasehold.control.v1.Pool
+	75,  // 51: leasehold.control.v1.CreatePoolLeaseRequest.selector:type_name -> leasehold.control.v1.CreatePoolLeaseRequest.SelectorEntry
+	8,   // 52: leasehold.control.v1.CreatePoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
+	8,   // 53: leasehold.control.v1.GetPoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
+	2,   // 54: leasehold.control.v1.ListPoolLeasesRequest.state:type_name -> leasehold.control.v1.PoolLeaseState
+	8,   // 55: leasehold.control.v1.ListPoolLeasesResponse.pool_leases:type_name -> leasehold.control.v1.PoolLease
+	8,   // 56: leasehold.control.v1.ReleasePoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
+	3,   // 57: leasehold.control.v1.CreateSinkRequest.kind:type_name -> leasehold.control.v1.SinkKind
+	9,   // 58: leasehold.control.v1.CreateSinkResponse.sink:type_name -> leasehold.control.v1.Sink
+	9,   // 59: leasehold.control.v1.ListSinksResponse.sinks:type_name -> leasehold.control.v1.Sink
+	10,  // 60: leasehold.control.v1.ListLeasesResponse.leases:type_name -> leasehold.control.v1.Lease
+	11,  // 61: leasehold.control.v1.ListWorkersResponse.workers:type_name -> leasehold.control.v1.Worker
+	12,  // 62: leasehold.control.v1.ListGatewaysResponse.gateways:type_name -> leasehold.control.v1.Gateway
+	4,   // 63: leasehold.control.v1.CordonNodeResponse.node:type_name -> leasehold.control.v1.Node
+	4,   // 64: leasehold.control.v1.UncordonNodeResponse.node:type_name -> leasehold.control.v1.Node
+	78,  // 65: leasehold.control.v1.DrainNodeRequest.timeout:type_name -> google.protobuf.Duration
+	4,   // 66: leasehold.control.v1.DrainNodeResponse.node:type_name -> leasehold.control.v1.Node
+	78,  // 67: leasehold.control.v1.DecommissionNodeRequest.timeout:type_name -> google.protobuf.Duration
+	4,   // 68: leasehold.control.v1.DecommissionNodeResponse.node:type_name -> leasehold.control.v1.Node
+	77,  // 69: leasehold.control.v1.AuditEvent.at:type_name -> google.protobuf.Timestamp
+	80,  // 70: leasehold.control.v1.AuditEvent.detail:type_name -> google.protobuf.Struct
+	77,  // 71: leasehold.control.v1.ListAuditEventsRequest.since:type_name -> google.protobuf.Timestamp
+	77,  // 72: leasehold.control.v1.ListAuditEventsRequest.until:type_name -> google.protobuf.Timestamp
+	67,  // 73: leasehold.control.v1.ListAuditEventsResponse.events:type_name -> leasehold.control.v1.AuditEvent
+	13,  // 74: leasehold.control.v1.ControlService.RegisterNode:input_type -> leasehold.control.v1.RegisterNodeRequest
+	15,  // 75: leasehold.control.v1.ControlService.RevokeNode:input_type -> leasehold.control.v1.RevokeNodeRequest
+	17,  // 76: leasehold.control.v1.ControlService.GetNode:input_type -> leasehold.control.v1.GetNodeRequest
+	19,  // 77: leasehold.control.v1.ControlService.ListNodes:input_type -> leasehold.control.v1.ListNodesRequest
+	21,  // 78: leasehold.control.v1.ControlService.CreateCommand:input_type -> leasehold.control.v1.CreateCommandRequest
+	23,  // 79: leasehold.control.v1.ControlService.GetCommand:input_type -> leasehold.control.v1.GetCommandRequest
+	25,  // 80: leasehold.control.v1.ControlService.ListCommands:input_type -> leasehold.control.v1.ListCommandsRequest
+	27,  // 81: leasehold.control.v1.ControlService.CancelCommand:input_type -> leasehold.control.v1.CancelCommandRequest
+	29,  // 82: leasehold.control.v1.ControlService.WaitCommand:input_type -> leasehold.control.v1.WaitCommandRequest
+	33,  // 83: leasehold.control.v1.ControlService.CreatePool:input_type -> leasehold.control.v1.CreatePoolRequest
+	35,  // 84: leasehold.control.v1.ControlService.GetPool:input_type -> leasehold.control.v1.GetPoolRequest
+	37,  // 85: leasehold.control.v1.ControlService.ListPools:input_type -> leasehold.control.v1.ListPoolsRequest
+	39,  // 86: leasehold.control.v1.ControlService.CreatePoolLease:input_type -> leasehold.control.v1.CreatePoolLeaseRequest
+	41,  // 87: leasehold.control.v1.ControlService.GetPoolLease:input_type -> leasehold.control.v1.GetPoolLeaseRequest
+	43,  // 88: leasehold.control.v1.ControlService.ListPoolLeases:input_type -> leasehold.control.v1.ListPoolLeasesRequest
+	45,  // 89: leasehold.control.v1.ControlService.ReleasePoolLease:input_type -> leasehold.control.v1.ReleasePoolLeaseRequest
+	47,  // 90: leasehold.control.v1.ControlService.CreateSink:input_type -> leasehold.control.v1.CreateSinkRequest
+	49,  // 91: leasehold.control.v1.ControlService.ListSinks:input_type -> leasehold.control.v1.ListSinksRequest
+	51,  // 92: leasehold.control.v1.ControlService.DeleteSink:input_type -> leasehold.control.v1.DeleteSinkRequest
+	53,  // 93: leasehold.control.v1.ControlService.ListLeases:input_type -> leasehold.control.v1.ListLeasesRequest
+	55,  // 94: leasehold.control.v1.ControlService.ListWorkers:input_type -> leasehold.control.v1.ListWorkersRequest
+	57,  // 95: leasehold.control.v1.ControlService.ListGateways:input_type -> leasehold.control.v1.ListGatewaysRequest
+	59,  // 96: leasehold.control.v1.ControlService.CordonNode:input_type -> leasehold.control.v1.CordonNodeRequest
+	61,  // 97: leasehold.control.v1.ControlService.UncordonNode:input_type -> leasehold.control.v1.UncordonNodeRequest
+	63,  // 98: leasehold.control.v1.ControlService.DrainNode:input_type -> leasehold.control.v1.DrainNodeRequest
+	65,  // 99: leasehold.control.v1.ControlService.DecommissionNode:input_type -> leasehold.control.v1.DecommissionNodeRequest
+	68,  // 100: leasehold.control.v1.ControlService.ListAuditEvents:input_type -> leasehold.control.v1.ListAuditEventsRequest
+	31,  // 101: leasehold.control.v1.ControlService.StreamCommandOutput:input_type -> leasehold.control.v1.StreamCommandOutputRequest
+	14,  // 102: leasehold.control.v1.ControlService.RegisterNode:output_type -> leasehold.control.v1.RegisterNodeResponse
+	16,  // 103: leasehold.control.v1.ControlService.RevokeNode:output_type -> leasehold.control.v1.RevokeNodeResponse
+	18,  // 104: leasehold.control.v1.ControlService.GetNode:output_type -> leasehold.control.v1.GetNodeResponse
+	20,  // 105: leasehold.control.v1.ControlService.ListNodes:output_type -> leasehold.control.v1.ListNodesResponse
+	22,  // 106: leasehold.control.v1.ControlService.CreateCommand:output_type -> leasehold.control.v1.CreateCommandResponse
+	24,  // 107: leasehold.control.v1.ControlService.GetCommand:output_type -> leasehold.control.v1.GetCommandResponse
+	26,  // 108: leasehold.control.v1.ControlService.ListCommands:output_type -> leasehold.control.v1.ListCommandsResponse
+	28,  // 109: leasehold.control.v1.ControlService.CancelCommand:output_type -> leasehold.control.v1.CancelCommandResponse
+	30,  // 110: leasehold.control.v1.ControlService.WaitCommand:output_type -> leasehold.control.v1.WaitCommandResponse
+	34,  // 111: leasehold.control.v1.ControlService.CreatePool:output_type -> leasehold.control.v1.CreatePoolResponse
+	36,  // 112: leasehold.control.v1.ControlService.GetPool:output_type -> leasehold.control.v1.GetPoolResponse
+	38,  // 113: leasehold.control.v1.ControlService.ListPools:output_type -> leasehold.control.v1.ListPoolsResponse
+	40,  // 114: leasehold.control.v1.ControlService.CreatePoolLease:output_type -> leasehold.control.v1.CreatePoolLeaseResponse
+	42,  // 115: leasehold.control.v1.ControlService.GetPoolLease:output_type -> leasehold.control.v1.GetPoolLeaseResponse
+	44,  // 116: leasehold.control.v1.ControlService.ListPoolLeases:output_type -> leasehold.control.v1.ListPoolLeasesResponse
+	46,  // 117: leasehold.control.v1.ControlService.ReleasePoolLease:output_type -> leasehold.control.v1.ReleasePoolLeaseResponse
+	48,  // 118: leasehold.control.v1.ControlService.CreateSink:output_type -> leasehold.control.v1.CreateSinkResponse
+	50,  // 119: leasehold.control.v1.ControlService.ListSinks:output_type -> leasehold.control.v1.ListSinksResponse
+	52,  // 120: leasehold.control.v1.ControlService.DeleteSink:output_type -> leasehold.control.v1.DeleteSinkResponse
+	54,  // 121: leasehold.control.v1.ControlService.ListLeases:output_type -> leasehold.control.v1.ListLeasesResponse
+	56,  // 122: leasehold.control.v1.ControlService.ListWorkers:output_type -> leasehold.control.v1.ListWorkersResponse
+	58,  // 123: leasehold.control.v1.ControlService.ListGateways:output_type -> leasehold.control.v1.ListGatewaysResponse
+	60,  // 124: leasehold.control.v1.ControlService.CordonNode:output_type -> leasehold.control.v1.CordonNodeResponse
+	62,  // 125: leasehold.control.v1.ControlService.UncordonNode:output_type -> leasehold.control.v1.UncordonNodeResponse
+	64,  // 126: leasehold.control.v1.ControlService.DrainNode:output_type -> leasehold.control.v1.DrainNodeResponse
+	66,  // 127: leasehold.control.v1.ControlService.DecommissionNode:output_type -> leasehold.control.v1.DecommissionNodeResponse
+	69,  // 128: leasehold.control.v1.ControlService.ListAuditEvents:output_type -> leasehold.control.v1.ListAuditEventsResponse
+	32,  // 129: leasehold.control.v1.ControlService.StreamCommandOutput:output_type -> leasehold.control.v1.StreamCommandOutputResponse
+	102, // [102:130] is the sub-list for method output_type
+	74,  // [74:102] is the sub-list for method input_type
+	74,  // [74:74] is the sub-list for extension type_name
+	74,  // [74:74] is the sub-list for extension extendee
+	0,   // [0:74] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_control_v1_control_proto_init() }
@@ -5017,7 +5223,7 @@ func file_leasehold_control_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_control_v1_control_proto_rawDesc), len(file_leasehold_control_v1_control_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   70,
+			NumMessages:   72,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -83,6 +83,119 @@ func (NodeKind) EnumDescriptor() ([]byte, []int) {
 	return file_leasehold_node_v1_node_proto_rawDescGZIP(), []int{0}
 }
 
+// OutputStream names the stream a piece of command output came from.
+type OutputStream int32
+
+const (
+	// OUTPUT_STREAM_UNSPECIFIED is refused.
+	OutputStream_OUTPUT_STREAM_UNSPECIFIED OutputStream = 0
+	// OUTPUT_STREAM_STDOUT is the command's standard output.
+	OutputStream_OUTPUT_STREAM_STDOUT OutputStream = 1
+	// OUTPUT_STREAM_STDERR is the command's standard error.
+	OutputStream_OUTPUT_STREAM_STDERR OutputStream = 2
+)
+
+// Enum value maps for OutputStream.
+var (
+	OutputStream_name = map[int32]string{
+		0: "OUTPUT_STREAM_UNSPECIFIED",
+		1: "OUTPUT_STREAM_STDOUT",
+		2: "OUTPUT_STREAM_STDERR",
+	}
+	OutputStream_value = map[string]int32{
+		"OUTPUT_STREAM_UNSPECIFIED": 0,
+		"OUTPUT_STREAM_STDOUT":      1,
+		"OUTPUT_STREAM_STDERR":      2,
+	}
+)
+
+func (x OutputStream) Enum() *OutputStream {
+	p := new(OutputStream)
+	*p = x
+	return p
+}
+
+func (x OutputStream) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OutputStream) Descriptor() protoreflect.EnumDescriptor {
+	return file_leasehold_node_v1_node_proto_enumTypes[1].Descriptor()
+}
+
+func (OutputStream) Type() protoreflect.EnumType {
+	return &file_leasehold_node_v1_node_proto_enumTypes[1]
+}
+
+func (x OutputStream) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OutputStream.Descriptor instead.
+func (OutputStream) EnumDescriptor() ([]byte, []int) {
+	return file_leasehold_node_v1_node_proto_rawDescGZIP(), []int{1}
+}
+
+// CancelOutcome is what a daemon found when asked to cancel a command.
+type CancelOutcome int32
+
+const (
+	// CANCEL_OUTCOME_UNSPECIFIED is refused.
+	CancelOutcome_CANCEL_OUTCOME_UNSPECIFIED CancelOutcome = 0
+	// CANCEL_OUTCOME_STOPPED: the command was running and its handler has
+	// returned after its context was cancelled; its result was sent first.
+	CancelOutcome_CANCEL_OUTCOME_STOPPED CancelOutcome = 1
+	// CANCEL_OUTCOME_ALREADY_FINISHED: the command had already ended (its
+	// result, or an interrupted result, is re-sent first).
+	CancelOutcome_CANCEL_OUTCOME_ALREADY_FINISHED CancelOutcome = 2
+	// CANCEL_OUTCOME_NOT_STARTED: the daemon never started the command and
+	// now never will.
+	CancelOutcome_CANCEL_OUTCOME_NOT_STARTED CancelOutcome = 3
+)
+
+// Enum value maps for CancelOutcome.
+var (
+	CancelOutcome_name = map[int32]string{
+		0: "CANCEL_OUTCOME_UNSPECIFIED",
+		1: "CANCEL_OUTCOME_STOPPED",
+		2: "CANCEL_OUTCOME_ALREADY_FINISHED",
+		3: "CANCEL_OUTCOME_NOT_STARTED",
+	}
+	CancelOutcome_value = map[string]int32{
+		"CANCEL_OUTCOME_UNSPECIFIED":      0,
+		"CANCEL_OUTCOME_STOPPED":          1,
+		"CANCEL_OUTCOME_ALREADY_FINISHED": 2,
+		"CANCEL_OUTCOME_NOT_STARTED":      3,
+	}
+)
+
+func (x CancelOutcome) Enum() *CancelOutcome {
+	p := new(CancelOutcome)
+	*p = x
+	return p
+}
+
+func (x CancelOutcome) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CancelOutcome) Descriptor() protoreflect.EnumDescriptor {
+	return file_leasehold_node_v1_node_proto_enumTypes[2].Descriptor()
+}
+
+func (CancelOutcome) Type() protoreflect.EnumType {
+	return &file_leasehold_node_v1_node_proto_enumTypes[2]
+}
+
+func (x CancelOutcome) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CancelOutcome.Descriptor instead.
+func (CancelOutcome) EnumDescriptor() ([]byte, []int) {
+	return file_leasehold_node_v1_node_proto_rawDescGZIP(), []int{2}
+}
+
 // ConnectRequest is one message from the daemon to the gateway.
 type ConnectRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -95,6 +208,8 @@ type ConnectRequest struct {
 	//	*ConnectRequest_CommandAck
 	//	*ConnectRequest_CommandResult
 	//	*ConnectRequest_Event
+	//	*ConnectRequest_CommandOutput
+	//	*ConnectRequest_CancelAck
 	Msg           isConnectRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -182,6 +297,24 @@ func (x *ConnectRequest) GetEvent() *Event {
 	return nil
 }
 
+func (x *ConnectRequest) GetCommandOutput() *CommandOutput {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectRequest_CommandOutput); ok {
+			return x.CommandOutput
+		}
+	}
+	return nil
+}
+
+func (x *ConnectRequest) GetCancelAck() *CancelAck {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectRequest_CancelAck); ok {
+			return x.CancelAck
+		}
+	}
+	return nil
+}
+
 type isConnectRequest_Msg interface {
 	isConnectRequest_Msg()
 }
@@ -212,6 +345,17 @@ type ConnectRequest_Event struct {
 	Event *Event `protobuf:"bytes,5,opt,name=event,proto3,oneof"`
 }
 
+type ConnectRequest_CommandOutput struct {
+	// command_output is a piece of a running command's stdout or stderr.
+	CommandOutput *CommandOutput `protobuf:"bytes,6,opt,name=command_output,json=commandOutput,proto3,oneof"`
+}
+
+type ConnectRequest_CancelAck struct {
+	// cancel_ack answers a CancelCommand: the command is no longer running
+	// on the node (and why).
+	CancelAck *CancelAck `protobuf:"bytes,7,opt,name=cancel_ack,json=cancelAck,proto3,oneof"`
+}
+
 func (*ConnectRequest_Hello) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_Heartbeat) isConnectRequest_Msg() {}
@@ -221,6 +365,10 @@ func (*ConnectRequest_CommandAck) isConnectRequest_Msg() {}
 func (*ConnectRequest_CommandResult) isConnectRequest_Msg() {}
 
 func (*ConnectRequest_Event) isConnectRequest_Msg() {}
+
+func (*ConnectRequest_CommandOutput) isConnectRequest_Msg() {}
+
+func (*ConnectRequest_CancelAck) isConnectRequest_Msg() {}
 
 // ConnectResponse is one message from the gateway to the daemon.
 type ConnectResponse struct {
@@ -235,6 +383,7 @@ type ConnectResponse struct {
 	//	*ConnectResponse_Drain
 	//	*ConnectResponse_Pushback
 	//	*ConnectResponse_HeartbeatAck
+	//	*ConnectResponse_CancelCommand
 	Msg           isConnectResponse_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -331,6 +480,15 @@ func (x *ConnectResponse) GetHeartbeatAck() *HeartbeatAck {
 	return nil
 }
 
+func (x *ConnectResponse) GetCancelCommand() *CancelCommand {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectResponse_CancelCommand); ok {
+			return x.CancelCommand
+		}
+	}
+	return nil
+}
+
 type isConnectResponse_Msg interface {
 	isConnectResponse_Msg()
 }
@@ -366,6 +524,13 @@ type ConnectResponse_HeartbeatAck struct {
 	HeartbeatAck *HeartbeatAck `protobuf:"bytes,6,opt,name=heartbeat_ack,json=heartbeatAck,proto3,oneof"`
 }
 
+type ConnectResponse_CancelCommand struct {
+	// cancel_command asks the daemon to stop a command; a daemon that does
+	// not know this message ignores it (the command then runs to its end and
+	// the cancellation stays unconfirmed).
+	CancelCommand *CancelCommand `protobuf:"bytes,7,opt,name=cancel_command,json=cancelCommand,proto3,oneof"`
+}
+
 func (*ConnectResponse_Welcome) isConnectResponse_Msg() {}
 
 func (*ConnectResponse_Command) isConnectResponse_Msg() {}
@@ -377,6 +542,8 @@ func (*ConnectResponse_Drain) isConnectResponse_Msg() {}
 func (*ConnectResponse_Pushback) isConnectResponse_Msg() {}
 
 func (*ConnectResponse_HeartbeatAck) isConnectResponse_Msg() {}
+
+func (*ConnectResponse_CancelCommand) isConnectResponse_Msg() {}
 
 // Hello authenticates the node and routes it to this gateway. Every Hello bumps
 // the node's session epoch, so the most recent Hello always wins.
@@ -1321,26 +1488,209 @@ func (x *SiteBoot) GetPromoteAfter() *durationpb.Duration {
 	return nil
 }
 
+// CommandOutput is a piece of a running command's output. Offsets count the
+// bytes of the command's stdout and stderr together, in the order the
+// daemon produced them, from 0; a re-sent piece carries the same offset and
+// is stored once.
+type CommandOutput struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// command_id is the command that wrote the output.
+	CommandId string `protobuf:"bytes,1,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	// offset is the position of data's first byte in the command's output.
+	Offset int64 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	// stream says whether data was written to stdout or stderr.
+	Stream OutputStream `protobuf:"varint,3,opt,name=stream,proto3,enum=leasehold.node.v1.OutputStream" json:"stream,omitempty"`
+	// data is the output itself, at most 64 KiB per message.
+	Data          []byte `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommandOutput) Reset() {
+	*x = CommandOutput{}
+	mi := &file_leasehold_node_v1_node_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommandOutput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommandOutput) ProtoMessage() {}
+
+func (x *CommandOutput) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_node_v1_node_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommandOutput.ProtoReflect.Descriptor instead.
+func (*CommandOutput) Descriptor() ([]byte, []int) {
+	return file_leasehold_node_v1_node_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *CommandOutput) GetCommandId() string {
+	if x != nil {
+		return x.CommandId
+	}
+	return ""
+}
+
+func (x *CommandOutput) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *CommandOutput) GetStream() OutputStream {
+	if x != nil {
+		return x.Stream
+	}
+	return OutputStream_OUTPUT_STREAM_UNSPECIFIED
+}
+
+func (x *CommandOutput) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+// CancelCommand asks the daemon to stop a command it was given: the daemon
+// cancels the command's context and answers CancelAck once the command is
+// no longer running. Sent again on every Hello until acknowledged.
+type CancelCommand struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// command_id is the command to stop.
+	CommandId     string `protobuf:"bytes,1,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelCommand) Reset() {
+	*x = CancelCommand{}
+	mi := &file_leasehold_node_v1_node_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelCommand) ProtoMessage() {}
+
+func (x *CancelCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_node_v1_node_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelCommand.ProtoReflect.Descriptor instead.
+func (*CancelCommand) Descriptor() ([]byte, []int) {
+	return file_leasehold_node_v1_node_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *CancelCommand) GetCommandId() string {
+	if x != nil {
+		return x.CommandId
+	}
+	return ""
+}
+
+// CancelAck confirms a CancelCommand.
+type CancelAck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// command_id is the command the CancelCommand named.
+	CommandId string `protobuf:"bytes,1,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	// outcome says what the daemon found.
+	Outcome       CancelOutcome `protobuf:"varint,2,opt,name=outcome,proto3,enum=leasehold.node.v1.CancelOutcome" json:"outcome,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelAck) Reset() {
+	*x = CancelAck{}
+	mi := &file_leasehold_node_v1_node_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelAck) ProtoMessage() {}
+
+func (x *CancelAck) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_node_v1_node_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelAck.ProtoReflect.Descriptor instead.
+func (*CancelAck) Descriptor() ([]byte, []int) {
+	return file_leasehold_node_v1_node_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *CancelAck) GetCommandId() string {
+	if x != nil {
+		return x.CommandId
+	}
+	return ""
+}
+
+func (x *CancelAck) GetOutcome() CancelOutcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return CancelOutcome_CANCEL_OUTCOME_UNSPECIFIED
+}
+
 var File_leasehold_node_v1_node_proto protoreflect.FileDescriptor
 
 const file_leasehold_node_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x1cleasehold/node/v1/node.proto\x12\x11leasehold.node.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc6\x02\n" +
+	"\x1cleasehold/node/v1/node.proto\x12\x11leasehold.node.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd0\x03\n" +
 	"\x0eConnectRequest\x120\n" +
 	"\x05hello\x18\x01 \x01(\v2\x18.leasehold.node.v1.HelloH\x00R\x05hello\x12<\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x1c.leasehold.node.v1.HeartbeatH\x00R\theartbeat\x12@\n" +
 	"\vcommand_ack\x18\x03 \x01(\v2\x1d.leasehold.node.v1.CommandAckH\x00R\n" +
 	"commandAck\x12I\n" +
 	"\x0ecommand_result\x18\x04 \x01(\v2 .leasehold.node.v1.CommandResultH\x00R\rcommandResult\x120\n" +
-	"\x05event\x18\x05 \x01(\v2\x18.leasehold.node.v1.EventH\x00R\x05eventB\x05\n" +
-	"\x03msg\"\x8c\x03\n" +
+	"\x05event\x18\x05 \x01(\v2\x18.leasehold.node.v1.EventH\x00R\x05event\x12I\n" +
+	"\x0ecommand_output\x18\x06 \x01(\v2 .leasehold.node.v1.CommandOutputH\x00R\rcommandOutput\x12=\n" +
+	"\n" +
+	"cancel_ack\x18\a \x01(\v2\x1c.leasehold.node.v1.CancelAckH\x00R\tcancelAckB\x05\n" +
+	"\x03msg\"\xd7\x03\n" +
 	"\x0fConnectResponse\x126\n" +
 	"\awelcome\x18\x01 \x01(\v2\x1a.leasehold.node.v1.WelcomeH\x00R\awelcome\x126\n" +
 	"\acommand\x18\x02 \x01(\v2\x1a.leasehold.node.v1.CommandH\x00R\acommand\x12M\n" +
 	"\x10node_spec_update\x18\x03 \x01(\v2!.leasehold.node.v1.NodeSpecUpdateH\x00R\x0enodeSpecUpdate\x120\n" +
 	"\x05drain\x18\x04 \x01(\v2\x18.leasehold.node.v1.DrainH\x00R\x05drain\x129\n" +
 	"\bpushback\x18\x05 \x01(\v2\x1b.leasehold.node.v1.PushbackH\x00R\bpushback\x12F\n" +
-	"\rheartbeat_ack\x18\x06 \x01(\v2\x1f.leasehold.node.v1.HeartbeatAckH\x00R\fheartbeatAckB\x05\n" +
+	"\rheartbeat_ack\x18\x06 \x01(\v2\x1f.leasehold.node.v1.HeartbeatAckH\x00R\fheartbeatAck\x12I\n" +
+	"\x0ecancel_command\x18\a \x01(\v2 .leasehold.node.v1.CancelCommandH\x00R\rcancelCommandB\x05\n" +
 	"\x03msg\"\xdd\x02\n" +
 	"\x05Hello\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1e\n" +
@@ -1427,11 +1777,33 @@ const file_leasehold_node_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x126\n" +
 	"\tlease_ttl\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\bleaseTtl\x12>\n" +
-	"\rpromote_after\x18\a \x01(\v2\x19.google.protobuf.DurationR\fpromoteAfter*S\n" +
+	"\rpromote_after\x18\a \x01(\v2\x19.google.protobuf.DurationR\fpromoteAfter\"\x93\x01\n" +
+	"\rCommandOutput\x12\x1d\n" +
+	"\n" +
+	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x03R\x06offset\x127\n" +
+	"\x06stream\x18\x03 \x01(\x0e2\x1f.leasehold.node.v1.OutputStreamR\x06stream\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\".\n" +
+	"\rCancelCommand\x12\x1d\n" +
+	"\n" +
+	"command_id\x18\x01 \x01(\tR\tcommandId\"f\n" +
+	"\tCancelAck\x12\x1d\n" +
+	"\n" +
+	"command_id\x18\x01 \x01(\tR\tcommandId\x12:\n" +
+	"\aoutcome\x18\x02 \x01(\x0e2 .leasehold.node.v1.CancelOutcomeR\aoutcome*S\n" +
 	"\bNodeKind\x12\x19\n" +
 	"\x15NODE_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eNODE_KIND_NODE\x10\x01\x12\x18\n" +
-	"\x14NODE_KIND_SITE_AGENT\x10\x022j\n" +
+	"\x14NODE_KIND_SITE_AGENT\x10\x02*a\n" +
+	"\fOutputStream\x12\x1d\n" +
+	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
+	"\x14OUTPUT_STREAM_STDERR\x10\x02*\x90\x01\n" +
+	"\rCancelOutcome\x12\x1e\n" +
+	"\x1aCANCEL_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16CANCEL_OUTCOME_STOPPED\x10\x01\x12#\n" +
+	"\x1fCANCEL_OUTCOME_ALREADY_FINISHED\x10\x02\x12\x1e\n" +
+	"\x1aCANCEL_OUTCOME_NOT_STARTED\x10\x032j\n" +
 	"\x12NodeGatewayService\x12T\n" +
 	"\aConnect\x12!.leasehold.node.v1.ConnectRequest\x1a\".leasehold.node.v1.ConnectResponse(\x010\x01B\xc9\x01\n" +
 	"\x15com.leasehold.node.v1B\tNodeProtoP\x01Z?github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1;nodev1\xa2\x02\x03LNX\xaa\x02\x11Leasehold.Node.V1\xca\x02\x11Leasehold\\Node\\V1\xe2\x02\x1dLeasehold\\Node\\V1\\GPBMetadata\xea\x02\x13Leasehold::Node::V1b\x06proto3"
@@ -1448,71 +1820,81 @@ func file_leasehold_node_v1_node_proto_rawDescGZIP() []byte {
 	return file_leasehold_node_v1_node_proto_rawDescData
 }
 
-var file_leasehold_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_leasehold_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_leasehold_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_leasehold_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_leasehold_node_v1_node_proto_goTypes = []any{
 	(NodeKind)(0),                 // 0: leasehold.node.v1.NodeKind
-	(*ConnectRequest)(nil),        // 1: leasehold.node.v1.ConnectRequest
-	(*ConnectResponse)(nil),       // 2: leasehold.node.v1.ConnectResponse
-	(*Hello)(nil),                 // 3: leasehold.node.v1.Hello
-	(*Heartbeat)(nil),             // 4: leasehold.node.v1.Heartbeat
-	(*CommandAck)(nil),            // 5: leasehold.node.v1.CommandAck
-	(*CommandResult)(nil),         // 6: leasehold.node.v1.CommandResult
-	(*Event)(nil),                 // 7: leasehold.node.v1.Event
-	(*Welcome)(nil),               // 8: leasehold.node.v1.Welcome
-	(*Command)(nil),               // 9: leasehold.node.v1.Command
-	(*NodeSpecUpdate)(nil),        // 10: leasehold.node.v1.NodeSpecUpdate
-	(*Drain)(nil),                 // 11: leasehold.node.v1.Drain
-	(*Pushback)(nil),              // 12: leasehold.node.v1.Pushback
-	(*HeartbeatAck)(nil),          // 13: leasehold.node.v1.HeartbeatAck
-	(*NodeSpec)(nil),              // 14: leasehold.node.v1.NodeSpec
-	(*SiteBoot)(nil),              // 15: leasehold.node.v1.SiteBoot
-	nil,                           // 16: leasehold.node.v1.Hello.LabelsEntry
-	nil,                           // 17: leasehold.node.v1.NodeSpec.LabelsEntry
-	nil,                           // 18: leasehold.node.v1.NodeSpec.AttributesEntry
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 20: google.protobuf.Struct
-	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
+	(OutputStream)(0),             // 1: leasehold.node.v1.OutputStream
+	(CancelOutcome)(0),            // 2: leasehold.node.v1.CancelOutcome
+	(*ConnectRequest)(nil),        // 3: leasehold.node.v1.ConnectRequest
+	(*ConnectResponse)(nil),       // 4: leasehold.node.v1.ConnectResponse
+	(*Hello)(nil),                 // 5: leasehold.node.v1.Hello
+	(*Heartbeat)(nil),             // 6: leasehold.node.v1.Heartbeat
+	(*CommandAck)(nil),            // 7: leasehold.node.v1.CommandAck
+	(*CommandResult)(nil),         // 8: leasehold.node.v1.CommandResult
+	(*Event)(nil),                 // 9: leasehold.node.v1.Event
+	(*Welcome)(nil),               // 10: leasehold.node.v1.Welcome
+	(*Command)(nil),               // 11: leasehold.node.v1.Command
+	(*NodeSpecUpdate)(nil),        // 12: leasehold.node.v1.NodeSpecUpdate
+	(*Drain)(nil),                 // 13: leasehold.node.v1.Drain
+	(*Pushback)(nil),              // 14: leasehold.node.v1.Pushback
+	(*HeartbeatAck)(nil),          // 15: leasehold.node.v1.HeartbeatAck
+	(*NodeSpec)(nil),              // 16: leasehold.node.v1.NodeSpec
+	(*SiteBoot)(nil),              // 17: leasehold.node.v1.SiteBoot
+	(*CommandOutput)(nil),         // 18: leasehold.node.v1.CommandOutput
+	(*CancelCommand)(nil),         // 19: leasehold.node.v1.CancelCommand
+	(*CancelAck)(nil),             // 20: leasehold.node.v1.CancelAck
+	nil,                           // 21: leasehold.node.v1.Hello.LabelsEntry
+	nil,                           // 22: leasehold.node.v1.NodeSpec.LabelsEntry
+	nil,                           // 23: leasehold.node.v1.NodeSpec.AttributesEntry
+	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 25: google.protobuf.Struct
+	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
 }
 var file_leasehold_node_v1_node_proto_depIdxs = []int32{
-	3,  // 0: leasehold.node.v1.ConnectRequest.hello:type_name -> leasehold.node.v1.Hello
-	4,  // 1: leasehold.node.v1.ConnectRequest.heartbeat:type_name -> leasehold.node.v1.Heartbeat
-	5,  // 2: leasehold.node.v1.ConnectRequest.command_ack:type_name -> leasehold.node.v1.CommandAck
-	6,  // 3: leasehold.node.v1.ConnectRequest.command_result:type_name -> leasehold.node.v1.CommandResult
-	7,  // 4: leasehold.node.v1.ConnectRequest.event:type_name -> leasehold.node.v1.Event
-	8,  // 5: leasehold.node.v1.ConnectResponse.welcome:type_name -> leasehold.node.v1.Welcome
-	9,  // 6: leasehold.node.v1.ConnectResponse.command:type_name -> leasehold.node.v1.Command
-	10, // 7: leasehold.node.v1.ConnectResponse.node_spec_update:type_name -> leasehold.node.v1.NodeSpecUpdate
-	11, // 8: leasehold.node.v1.ConnectResponse.drain:type_name -> leasehold.node.v1.Drain
-	12, // 9: leasehold.node.v1.ConnectResponse.pushback:type_name -> leasehold.node.v1.Pushback
-	13, // 10: leasehold.node.v1.ConnectResponse.heartbeat_ack:type_name -> leasehold.node.v1.HeartbeatAck
-	0,  // 11: leasehold.node.v1.Hello.kind:type_name -> leasehold.node.v1.NodeKind
-	16, // 12: leasehold.node.v1.Hello.labels:type_name -> leasehold.node.v1.Hello.LabelsEntry
-	19, // 13: leasehold.node.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	19, // 14: leasehold.node.v1.CommandResult.started_at:type_name -> google.protobuf.Timestamp
-	19, // 15: leasehold.node.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	20, // 16: leasehold.node.v1.Event.payload:type_name -> google.protobuf.Struct
-	19, // 17: leasehold.node.v1.Event.occurred_at:type_name -> google.protobuf.Timestamp
-	14, // 18: leasehold.node.v1.Welcome.spec:type_name -> leasehold.node.v1.NodeSpec
-	21, // 19: leasehold.node.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	19, // 20: leasehold.node.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	14, // 21: leasehold.node.v1.NodeSpecUpdate.spec:type_name -> leasehold.node.v1.NodeSpec
-	21, // 22: leasehold.node.v1.Drain.delay:type_name -> google.protobuf.Duration
-	21, // 23: leasehold.node.v1.Pushback.retry_after:type_name -> google.protobuf.Duration
-	17, // 24: leasehold.node.v1.NodeSpec.labels:type_name -> leasehold.node.v1.NodeSpec.LabelsEntry
-	15, // 25: leasehold.node.v1.NodeSpec.site_boot:type_name -> leasehold.node.v1.SiteBoot
-	18, // 26: leasehold.node.v1.NodeSpec.attributes:type_name -> leasehold.node.v1.NodeSpec.AttributesEntry
-	19, // 27: leasehold.node.v1.SiteBoot.granted_at:type_name -> google.protobuf.Timestamp
-	19, // 28: leasehold.node.v1.SiteBoot.expires_at:type_name -> google.protobuf.Timestamp
-	21, // 29: leasehold.node.v1.SiteBoot.lease_ttl:type_name -> google.protobuf.Duration
-	21, // 30: leasehold.node.v1.SiteBoot.promote_after:type_name -> google.protobuf.Duration
-	1,  // 31: leasehold.node.v1.NodeGatewayService.Connect:input_type -> leasehold.node.v1.ConnectRequest
-	2,  // 32: leasehold.node.v1.NodeGatewayService.Connect:output_type -> leasehold.node.v1.ConnectResponse
-	32, // [32:33] is the sub-list for method output_type
-	31, // [31:32] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	5,  // 0: leasehold.node.v1.ConnectRequest.hello:type_name -> leasehold.node.v1.Hello
+	6,  // 1: leasehold.node.v1.ConnectRequest.heartbeat:type_name -> leasehold.node.v1.Heartbeat
+	7,  // 2: leasehold.node.v1.ConnectRequest.command_ack:type_name -> leasehold.node.v1.CommandAck
+	8,  // 3: leasehold.node.v1.ConnectRequest.command_result:type_name -> leasehold.node.v1.CommandResult
+	9,  // 4: leasehold.node.v1.ConnectRequest.event:type_name -> leasehold.node.v1.Event
+	18, // 5: leasehold.node.v1.ConnectRequest.command_output:type_name -> leasehold.node.v1.CommandOutput
+	20, // 6: leasehold.node.v1.ConnectRequest.cancel_ack:type_name -> leasehold.node.v1.CancelAck
+	10, // 7: leasehold.node.v1.ConnectResponse.welcome:type_name -> leasehold.node.v1.Welcome
+	11, // 8: leasehold.node.v1.ConnectResponse.command:type_name -> leasehold.node.v1.Command
+	12, // 9: leasehold.node.v1.ConnectResponse.node_spec_update:type_name -> leasehold.node.v1.NodeSpecUpdate
+	13, // 10: leasehold.node.v1.ConnectResponse.drain:type_name -> leasehold.node.v1.Drain
+	14, // 11: leasehold.node.v1.ConnectResponse.pushback:type_name -> leasehold.node.v1.Pushback
+	15, // 12: leasehold.node.v1.ConnectResponse.heartbeat_ack:type_name -> leasehold.node.v1.HeartbeatAck
+	19, // 13: leasehold.node.v1.ConnectResponse.cancel_command:type_name -> leasehold.node.v1.CancelCommand
+	0,  // 14: leasehold.node.v1.Hello.kind:type_name -> leasehold.node.v1.NodeKind
+	21, // 15: leasehold.node.v1.Hello.labels:type_name -> leasehold.node.v1.Hello.LabelsEntry
+	24, // 16: leasehold.node.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	24, // 17: leasehold.node.v1.CommandResult.started_at:type_name -> google.protobuf.Timestamp
+	24, // 18: leasehold.node.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	25, // 19: leasehold.node.v1.Event.payload:type_name -> google.protobuf.Struct
+	24, // 20: leasehold.node.v1.Event.occurred_at:type_name -> google.protobuf.Timestamp
+	16, // 21: leasehold.node.v1.Welcome.spec:type_name -> leasehold.node.v1.NodeSpec
+	26, // 22: leasehold.node.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	24, // 23: leasehold.node.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	16, // 24: leasehold.node.v1.NodeSpecUpdate.spec:type_name -> leasehold.node.v1.NodeSpec
+	26, // 25: leasehold.node.v1.Drain.delay:type_name -> google.protobuf.Duration
+	26, // 26: leasehold.node.v1.Pushback.retry_after:type_name -> google.protobuf.Duration
+	22, // 27: leasehold.node.v1.NodeSpec.labels:type_name -> leasehold.node.v1.NodeSpec.LabelsEntry
+	17, // 28: leasehold.node.v1.NodeSpec.site_boot:type_name -> leasehold.node.v1.SiteBoot
+	23, // 29: leasehold.node.v1.NodeSpec.attributes:type_name -> leasehold.node.v1.NodeSpec.AttributesEntry
+	24, // 30: leasehold.node.v1.SiteBoot.granted_at:type_name -> google.protobuf.Timestamp
+	24, // 31: leasehold.node.v1.SiteBoot.expires_at:type_name -> google.protobuf.Timestamp
+	26, // 32: leasehold.node.v1.SiteBoot.lease_ttl:type_name -> google.protobuf.Duration
+	26, // 33: leasehold.node.v1.SiteBoot.promote_after:type_name -> google.protobuf.Duration
+	1,  // 34: leasehold.node.v1.CommandOutput.stream:type_name -> leasehold.node.v1.OutputStream
+	2,  // 35: leasehold.node.v1.CancelAck.outcome:type_name -> leasehold.node.v1.CancelOutcome
+	3,  // 36: leasehold.node.v1.NodeGatewayService.Connect:input_type -> leasehold.node.v1.ConnectRequest
+	4,  // 37: leasehold.node.v1.NodeGatewayService.Connect:output_type -> leasehold.node.v1.ConnectResponse
+	37, // [37:38] is the sub-list for method output_type
+	36, // [36:37] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_node_v1_node_proto_init() }
@@ -1526,6 +1908,8 @@ func file_leasehold_node_v1_node_proto_init() {
 		(*ConnectRequest_CommandAck)(nil),
 		(*ConnectRequest_CommandResult)(nil),
 		(*ConnectRequest_Event)(nil),
+		(*ConnectRequest_CommandOutput)(nil),
+		(*ConnectRequest_CancelAck)(nil),
 	}
 	file_leasehold_node_v1_node_proto_msgTypes[1].OneofWrappers = []any{
 		(*ConnectResponse_Welcome)(nil),
@@ -1534,14 +1918,15 @@ func file_leasehold_node_v1_node_proto_init() {
 		(*ConnectResponse_Drain)(nil),
 		(*ConnectResponse_Pushback)(nil),
 		(*ConnectResponse_HeartbeatAck)(nil),
+		(*ConnectResponse_CancelCommand)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_node_v1_node_proto_rawDesc), len(file_leasehold_node_v1_node_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   18,
+			NumEnums:      3,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

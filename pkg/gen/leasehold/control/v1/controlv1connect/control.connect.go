@@ -116,6 +116,9 @@ const (
 	// ControlServiceListAuditEventsProcedure is the fully-qualified name of the ControlService's
 	// ListAuditEvents RPC.
 	ControlServiceListAuditEventsProcedure = "/leasehold.control.v1.ControlService/ListAuditEvents"
+	// ControlServiceStreamCommandOutputProcedure is the fully-qualified name of the ControlService's
+	// StreamCommandOutput RPC.
+	ControlServiceStreamCommandOutputProcedure = "/leasehold.control.v1.ControlService/StreamCommandOutput"
 )
 
 // ControlServiceClient is a client for the leasehold.control.v1.ControlService service.
@@ -179,6 +182,10 @@ type ControlServiceClient interface {
 	DecommissionNode(context.Context, *connect.Request[v1.DecommissionNodeRequest]) (*connect.Response[v1.DecommissionNodeResponse], error)
 	// ListAuditEvents returns the audit trail, newest first, a page at a time.
 	ListAuditEvents(context.Context, *connect.Request[v1.ListAuditEventsRequest]) (*connect.Response[v1.ListAuditEventsResponse], error)
+	// StreamCommandOutput sends a command's stdout and stderr from an offset:
+	// what is stored first, then new output as the node writes it, and ends
+	// once the command has finished and all its output was sent.
+	StreamCommandOutput(context.Context, *connect.Request[v1.StreamCommandOutputRequest]) (*connect.ServerStreamForClient[v1.StreamCommandOutputResponse], error)
 }
 
 // NewControlServiceClient constructs a client for the leasehold.control.v1.ControlService service.
@@ -354,38 +361,45 @@ func NewControlServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(controlServiceMethods.ByName("ListAuditEvents")),
 			connect.WithClientOptions(opts...),
 		),
+		streamCommandOutput: connect.NewClient[v1.StreamCommandOutputRequest, v1.StreamCommandOutputResponse](
+			httpClient,
+			baseURL+ControlServiceStreamCommandOutputProcedure,
+			connect.WithSchema(controlServiceMethods.ByName("StreamCommandOutput")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // controlServiceClient implements ControlServiceClient.
 type controlServiceClient struct {
-	registerNode     *connect.Client[v1.RegisterNodeRequest, v1.RegisterNodeResponse]
-	revokeNode       *connect.Client[v1.RevokeNodeRequest, v1.RevokeNodeResponse]
-	getNode          *connect.Client[v1.GetNodeRequest, v1.GetNodeResponse]
-	listNodes        *connect.Client[v1.ListNodesRequest, v1.ListNodesResponse]
-	createCommand    *connect.Client[v1.CreateCommandRequest, v1.CreateCommandResponse]
-	getCommand       *connect.Client[v1.GetCommandRequest, v1.GetCommandResponse]
-	listCommands     *connect.Client[v1.ListCommandsRequest, v1.ListCommandsResponse]
-	cancelCommand    *connect.Client[v1.CancelCommandRequest, v1.CancelCommandResponse]
-	waitCommand      *connect.Client[v1.WaitCommandRequest, v1.WaitCommandResponse]
-	createPool       *connect.Client[v1.CreatePoolRequest, v1.CreatePoolResponse]
-	getPool          *connect.Client[v1.GetPoolRequest, v1.GetPoolResponse]
-	listPools        *connect.Client[v1.ListPoolsRequest, v1.ListPoolsResponse]
-	createPoolLease  *connect.Client[v1.CreatePoolLeaseRequest, v1.CreatePoolLeaseResponse]
-	getPoolLease     *connect.Client[v1.GetPoolLeaseRequest, v1.GetPoolLeaseResponse]
-	listPoolLeases   *connect.Client[v1.ListPoolLeasesRequest, v1.ListPoolLeasesResponse]
-	releasePoolLease *connect.Client[v1.ReleasePoolLeaseRequest, v1.ReleasePoolLeaseResponse]
-	createSink       *connect.Client[v1.CreateSinkRequest, v1.CreateSinkResponse]
-	listSinks        *connect.Client[v1.ListSinksRequest, v1.ListSinksResponse]
-	deleteSink       *connect.Client[v1.DeleteSinkRequest, v1.DeleteSinkResponse]
-	listLeases       *connect.Client[v1.ListLeasesRequest, v1.ListLeasesResponse]
-	listWorkers      *connect.Client[v1.ListWorkersRequest, v1.ListWorkersResponse]
-	listGateways     *connect.Client[v1.ListGatewaysRequest, v1.ListGatewaysResponse]
-	cordonNode       *connect.Client[v1.CordonNodeRequest, v1.CordonNodeResponse]
-	uncordonNode     *connect.Client[v1.UncordonNodeRequest, v1.UncordonNodeResponse]
-	drainNode        *connect.Client[v1.DrainNodeRequest, v1.DrainNodeResponse]
-	decommissionNode *connect.Client[v1.DecommissionNodeRequest, v1.DecommissionNodeResponse]
-	listAuditEvents  *connect.Client[v1.ListAuditEventsRequest, v1.ListAuditEventsResponse]
+	registerNode        *connect.Client[v1.RegisterNodeRequest, v1.RegisterNodeResponse]
+	revokeNode          *connect.Client[v1.RevokeNodeRequest, v1.RevokeNodeResponse]
+	getNode             *connect.Client[v1.GetNodeRequest, v1.GetNodeResponse]
+	listNodes           *connect.Client[v1.ListNodesRequest, v1.ListNodesResponse]
+	createCommand       *connect.Client[v1.CreateCommandRequest, v1.CreateCommandResponse]
+	getCommand          *connect.Client[v1.GetCommandRequest, v1.GetCommandResponse]
+	listCommands        *connect.Client[v1.ListCommandsRequest, v1.ListCommandsResponse]
+	cancelCommand       *connect.Client[v1.CancelCommandRequest, v1.CancelCommandResponse]
+	waitCommand         *connect.Client[v1.WaitCommandRequest, v1.WaitCommandResponse]
+	createPool          *connect.Client[v1.CreatePoolRequest, v1.CreatePoolResponse]
+	getPool             *connect.Client[v1.GetPoolRequest, v1.GetPoolResponse]
+	listPools           *connect.Client[v1.ListPoolsRequest, v1.ListPoolsResponse]
+	createPoolLease     *connect.Client[v1.CreatePoolLeaseRequest, v1.CreatePoolLeaseResponse]
+	getPoolLease        *connect.Client[v1.GetPoolLeaseRequest, v1.GetPoolLeaseResponse]
+	listPoolLeases      *connect.Client[v1.ListPoolLeasesRequest, v1.ListPoolLeasesResponse]
+	releasePoolLease    *connect.Client[v1.ReleasePoolLeaseRequest, v1.ReleasePoolLeaseResponse]
+	createSink          *connect.Client[v1.CreateSinkRequest, v1.CreateSinkResponse]
+	listSinks           *connect.Client[v1.ListSinksRequest, v1.ListSinksResponse]
+	deleteSink          *connect.Client[v1.DeleteSinkRequest, v1.DeleteSinkResponse]
+	listLeases          *connect.Client[v1.ListLeasesRequest, v1.ListLeasesResponse]
+	listWorkers         *connect.Client[v1.ListWorkersRequest, v1.ListWorkersResponse]
+	listGateways        *connect.Client[v1.ListGatewaysRequest, v1.ListGatewaysResponse]
+	cordonNode          *connect.Client[v1.CordonNodeRequest, v1.CordonNodeResponse]
+	uncordonNode        *connect.Client[v1.UncordonNodeRequest, v1.UncordonNodeResponse]
+	drainNode           *connect.Client[v1.DrainNodeRequest, v1.DrainNodeResponse]
+	decommissionNode    *connect.Client[v1.DecommissionNodeRequest, v1.DecommissionNodeResponse]
+	listAuditEvents     *connect.Client[v1.ListAuditEventsRequest, v1.ListAuditEventsResponse]
+	streamCommandOutput *connect.Client[v1.StreamCommandOutputRequest, v1.StreamCommandOutputResponse]
 }
 
 // RegisterNode calls leasehold.control.v1.ControlService.RegisterNode.
@@ -523,6 +537,11 @@ func (c *controlServiceClient) ListAuditEvents(ctx context.Context, req *connect
 	return c.listAuditEvents.CallUnary(ctx, req)
 }
 
+// StreamCommandOutput calls leasehold.control.v1.ControlService.StreamCommandOutput.
+func (c *controlServiceClient) StreamCommandOutput(ctx context.Context, req *connect.Request[v1.StreamCommandOutputRequest]) (*connect.ServerStreamForClient[v1.StreamCommandOutputResponse], error) {
+	return c.streamCommandOutput.CallServerStream(ctx, req)
+}
+
 // ControlServiceHandler is an implementation of the leasehold.control.v1.ControlService service.
 type ControlServiceHandler interface {
 	// RegisterNode creates a node and returns its credential, once.
@@ -584,6 +603,10 @@ type ControlServiceHandler interface {
 	DecommissionNode(context.Context, *connect.Request[v1.DecommissionNodeRequest]) (*connect.Response[v1.DecommissionNodeResponse], error)
 	// ListAuditEvents returns the audit trail, newest first, a page at a time.
 	ListAuditEvents(context.Context, *connect.Request[v1.ListAuditEventsRequest]) (*connect.Response[v1.ListAuditEventsResponse], error)
+	// StreamCommandOutput sends a command's stdout and stderr from an offset:
+	// what is stored first, then new output as the node writes it, and ends
+	// once the command has finished and all its output was sent.
+	StreamCommandOutput(context.Context, *connect.Request[v1.StreamCommandOutputRequest], *connect.ServerStream[v1.StreamCommandOutputResponse]) error
 }
 
 // NewControlServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -755,6 +778,12 @@ func NewControlServiceHandler(svc ControlServiceHandler, opts ...connect.Handler
 		connect.WithSchema(controlServiceMethods.ByName("ListAuditEvents")),
 		connect.WithHandlerOptions(opts...),
 	)
+	controlServiceStreamCommandOutputHandler := connect.NewServerStreamHandler(
+		ControlServiceStreamCommandOutputProcedure,
+		svc.StreamCommandOutput,
+		connect.WithSchema(controlServiceMethods.ByName("StreamCommandOutput")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/leasehold.control.v1.ControlService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ControlServiceRegisterNodeProcedure:
@@ -811,6 +840,8 @@ func NewControlServiceHandler(svc ControlServiceHandler, opts ...connect.Handler
 			controlServiceDecommissionNodeHandler.ServeHTTP(w, r)
 		case ControlServiceListAuditEventsProcedure:
 			controlServiceListAuditEventsHandler.ServeHTTP(w, r)
+		case ControlServiceStreamCommandOutputProcedure:
+			controlServiceStreamCommandOutputHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -926,4 +957,8 @@ func (UnimplementedControlServiceHandler) DecommissionNode(context.Context, *con
 
 func (UnimplementedControlServiceHandler) ListAuditEvents(context.Context, *connect.Request[v1.ListAuditEventsRequest]) (*connect.Response[v1.ListAuditEventsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.ListAuditEvents is not implemented"))
+}
+
+func (UnimplementedControlServiceHandler) StreamCommandOutput(context.Context, *connect.Request[v1.StreamCommandOutputRequest], *connect.ServerStream[v1.StreamCommandOutputResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.StreamCommandOutput is not implemented"))
 }

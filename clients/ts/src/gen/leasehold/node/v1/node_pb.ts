@@ -17,7 +17,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file leasehold/node/v1/node.proto.
  */
 export const file_leasehold_node_v1_node: GenFile = /*@__PURE__*/
-  fileDesc("ChxsZWFzZWhvbGQvbm9kZS92MS9ub2RlLnByb3RvEhFsZWFzZWhvbGQubm9kZS52MSKSAgoOQ29ubmVjdFJlcXVlc3QSKQoFaGVsbG8YASABKAsyGC5sZWFzZWhvbGQubm9kZS52MS5IZWxsb0gAEjEKCWhlYXJ0YmVhdBgCIAEoCzIcLmxlYXNlaG9sZC5ub2RlLnYxLkhlYXJ0YmVhdEgAEjQKC2NvbW1hbmRfYWNrGAMgASgLMh0ubGVhc2Vob2xkLm5vZGUudjEuQ29tbWFuZEFja0gAEjoKDmNvbW1hbmRfcmVzdWx0GAQgASgLMiAubGVhc2Vob2xkLm5vZGUudjEuQ29tbWFuZFJlc3VsdEgAEikKBWV2ZW50GAUgASgLMhgubGVhc2Vob2xkLm5vZGUudjEuRXZlbnRIAEIFCgNtc2ciywIKD0Nvbm5lY3RSZXNwb25zZRItCgd3ZWxjb21lGAEgASgLMhoubGVhc2Vob2xkLm5vZGUudjEuV2VsY29tZUgAEi0KB2NvbW1hbmQYAiABKAsyGi5sZWFzZWhvbGQubm9kZS52MS5Db21tYW5kSAASPQoQbm9kZV9zcGVjX3VwZGF0ZRgDIAEoCzIhLmxlYXNlaG9sZC5ub2RlLnYxLk5vZGVTcGVjVXBkYXRlSAASKQoFZHJhaW4YBCABKAsyGC5sZWFzZWhvbGQubm9kZS52MS5EcmFpbkgAEi8KCHB1c2hiYWNrGAUgASgLMhsubGVhc2Vob2xkLm5vZGUudjEuUHVzaGJhY2tIABI4Cg1oZWFydGJlYXRfYWNrGAYgASgLMh8ubGVhc2Vob2xkLm5vZGUudjEuSGVhcnRiZWF0QWNrSABCBQoDbXNnIoQCCgVIZWxsbxIPCgdub2RlX2lkGAEgASgJEhIKCmNyZWRlbnRpYWwYAiABKAkSFgoOZGFlbW9uX3ZlcnNpb24YAyABKAkSHQoVaW5fZmxpZ2h0X2NvbW1hbmRfaWRzGAQgAygJEikKBGtpbmQYBSABKA4yGy5sZWFzZWhvbGQubm9kZS52MS5Ob2RlS2luZBIPCgdzaXRlX2lkGAYgASgJEjQKBmxhYmVscxgHIAMoCzIkLmxlYXNlaG9sZC5ub2RlLnYxLkhlbGxvLkxhYmVsc0VudHJ5Gi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiSgoJSGVhcnRiZWF0EisKB3NlbnRfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCHNlcXVlbmNlGAIgASgEIiAKCkNvbW1hbmRBY2sSEgoKY29tbWFuZF9pZBgBIAEoCSLJAQoNQ29tbWFuZFJlc3VsdBISCgpjb21tYW5kX2lkGAEgASgJEhEKCXJlc3VsdF9pZBgCIAEoCRIRCglleGl0X2NvZGUYAyABKAUSDgoGb3V0cHV0GAQgASgMEg0KBWVycm9yGAUgASgJEi4KCnN0YXJ0ZWRfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKWAQoFRXZlbnQSEAoIZXZlbnRfaWQYASABKAkSDAoEa2luZBgCIAEoCRIoCgdwYXlsb2FkGAMgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIvCgtvY2N1cnJlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKYm9vdF9lcG9jaBgFIAEoBCKWAQoHV2VsY29tZRIVCg1zZXNzaW9uX2Vwb2NoGAEgASgDEikKBHNwZWMYAiABKAsyGy5sZWFzZWhvbGQubm9kZS52MS5Ob2RlU3BlYxI1ChJoZWFydGJlYXRfaW50ZXJ2YWwYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEgoKZ2F0ZXdheV9pZBgEIAEoCSKCAQoHQ29tbWFuZBISCgpjb21tYW5kX2lkGAEgASgJEgwKBGtpbmQYAiABKAkSDwoHcGF5bG9hZBgDIAEoDBIsCghkZWFkbGluZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFgoOZGlzcGF0Y2hfY291bnQYBSABKAUiOwoOTm9kZVNwZWNVcGRhdGUSKQoEc3BlYxgBIAEoCzIbLmxlYXNlaG9sZC5ub2RlLnYxLk5vZGVTcGVjIkEKBURyYWluEigKBWRlbGF5GAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBnJlYXNvbhgCIAEoCSJKCghQdXNoYmFjaxIuCgtyZXRyeV9hZnRlchgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIOCgZyZWFzb24YAiABKAkiIAoMSGVhcnRiZWF0QWNrEhAKCHNlcXVlbmNlGAEgASgEIq0CCghOb2RlU3BlYxI3CgZsYWJlbHMYASADKAsyJy5sZWFzZWhvbGQubm9kZS52MS5Ob2RlU3BlYy5MYWJlbHNFbnRyeRIVCg1kZXNpcmVkX3N0YXRlGAIgASgJEi4KCXNpdGVfYm9vdBgDIAEoCzIbLmxlYXNlaG9sZC5ub2RlLnYxLlNpdGVCb290Ej8KCmF0dHJpYnV0ZXMYBCADKAsyKy5sZWFzZWhvbGQubm9kZS52MS5Ob2RlU3BlYy5BdHRyaWJ1dGVzRW50cnkaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ARoxCg9BdHRyaWJ1dGVzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASL6AQoIU2l0ZUJvb3QSDgoGYWN0aXZlGAEgASgIEg0KBWVwb2NoGAIgASgEEg8KB3NpdGVfaWQYAyABKAkSLgoKZ3JhbnRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKZXhwaXJlc19hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoJbGVhc2VfdHRsGAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjAKDXByb21vdGVfYWZ0ZXIYByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24qUwoITm9kZUtpbmQSGQoVTk9ERV9LSU5EX1VOU1BFQ0lGSUVEEAASEgoOTk9ERV9LSU5EX05PREUQARIYChROT0RFX0tJTkRfU0lURV9BR0VOVBACMmoKEk5vZGVHYXRld2F5U2VydmljZRJUCgdDb25uZWN0EiEubGVhc2Vob2xkLm5vZGUudjEuQ29ubmVjdFJlcXVlc3QaIi5sZWFzZWhvbGQubm9kZS52MS5Db25uZWN0UmVzcG9uc2UoATABYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("ChxsZWFzZWhvbGQvbm9kZS92MS9ub2RlLnByb3RvEhFsZWFzZWhvbGQubm9kZS52MSKCAwoOQ29ubmVjdFJlcXVlc3QSKQoFaGVsbG8YASABKAsyGC5sZWFzZWhvbGQubm9kZS52MS5IZWxsb0gAEjEKCWhlYXJ0YmVhdBgCIAEoCzIcLmxlYXNlaG9sZC5ub2RlLnYxLkhlYXJ0YmVhdEgAEjQKC2NvbW1hbmRfYWNrGAMgASgLMh0ubGVhc2Vob2xkLm5vZGUudjEuQ29tbWFuZEFja0gAEjoKDmNvbW1hbmRfcmVzdWx0GAQgASgLMiAubGVhc2Vob2xkLm5vZGUudjEuQ29tbWFuZFJlc3VsdEgAEikKBWV2ZW50GAUgASgLMhgubGVhc2Vob2xkLm5vZGUudjEuRXZlbnRIABI6Cg5jb21tYW5kX291dHB1dBgGIAEoCzIgLmxlYXNlaG9sZC5ub2RlLnYxLkNvbW1hbmRPdXRwdXRIABIyCgpjYW5jZWxfYWNrGAcgASgLMhwubGVhc2Vob2xkLm5vZGUudjEuQ2FuY2VsQWNrSABCBQoDbXNnIocDCg9Db25uZWN0UmVzcG9uc2USLQoHd2VsY29tZRgBIAEoCzIaLmxlYXNlaG9sZC5ub2RlLnYxLldlbGNvbWVIABItCgdjb21tYW5kGAIgASgLMhoubGVhc2Vob2xkLm5vZGUudjEuQ29tbWFuZEgAEj0KEG5vZGVfc3BlY191cGRhdGUYAyABKAsyIS5sZWFzZWhvbGQubm9kZS52MS5Ob2RlU3BlY1VwZGF0ZUgAEikKBWRyYWluGAQgASgLMhgubGVhc2Vob2xkLm5vZGUudjEuRHJhaW5IABIvCghwdXNoYmFjaxgFIAEoCzIbLmxlYXNlaG9sZC5ub2RlLnYxLlB1c2hiYWNrSAASOAoNaGVhcnRiZWF0X2FjaxgGIAEoCzIfLmxlYXNlaG9sZC5ub2RlLnYxLkhlYXJ0YmVhdEFja0gAEjoKDmNhbmNlbF9jb21tYW5kGAcgASgLMiAubGVhc2Vob2xkLm5vZGUudjEuQ2FuY2VsQ29tbWFuZEgAQgUKA21zZyKEAgoFSGVsbG8SDwoHbm9kZV9pZBgBIAEoCRISCgpjcmVkZW50aWFsGAIgASgJEhYKDmRhZW1vbl92ZXJzaW9uGAMgASgJEh0KFWluX2ZsaWdodF9jb21tYW5kX2lkcxgEIAMoCRIpCgRraW5kGAUgASgOMhsubGVhc2Vob2xkLm5vZGUudjEuTm9kZUtpbmQSDwoHc2l0ZV9pZBgGIAEoCRI0CgZsYWJlbHMYByADKAsyJC5sZWFzZWhvbGQubm9kZS52MS5IZWxsby5MYWJlbHNFbnRyeRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkoKCUhlYXJ0YmVhdBIrCgdzZW50X2F0GAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghzZXF1ZW5jZRgCIAEoBCIgCgpDb21tYW5kQWNrEhIKCmNvbW1hbmRfaWQYASABKAkiyQEKDUNvbW1hbmRSZXN1bHQSEgoKY29tbWFuZF9pZBgBIAEoCRIRCglyZXN1bHRfaWQYAiABKAkSEQoJZXhpdF9jb2RlGAMgASgFEg4KBm91dHB1dBgEIAEoDBINCgVlcnJvchgFIAEoCRIuCgpzdGFydGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAilgEKBUV2ZW50EhAKCGV2ZW50X2lkGAEgASgJEgwKBGtpbmQYAiABKAkSKAoHcGF5bG9hZBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSLwoLb2NjdXJyZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhIKCmJvb3RfZXBvY2gYBSABKAQilgEKB1dlbGNvbWUSFQoNc2Vzc2lvbl9lcG9jaBgBIAEoAxIpCgRzcGVjGAIgASgLMhsubGVhc2Vob2xkLm5vZGUudjEuTm9kZVNwZWMSNQoSaGVhcnRiZWF0X2ludGVydmFsGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhIKCmdhdGV3YXlfaWQYBCABKAkiggEKB0NvbW1hbmQSEgoKY29tbWFuZF9pZBgBIAEoCRIMCgRraW5kGAIgASgJEg8KB3BheWxvYWQYAyABKAwSLAoIZGVhZGxpbmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhYKDmRpc3BhdGNoX2NvdW50GAUgASgFIjsKDk5vZGVTcGVjVXBkYXRlEikKBHNwZWMYASABKAsyGy5sZWFzZWhvbGQubm9kZS52MS5Ob2RlU3BlYyJBCgVEcmFpbhIoCgVkZWxheRgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIOCgZyZWFzb24YAiABKAkiSgoIUHVzaGJhY2sSLgoLcmV0cnlfYWZ0ZXIYASABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGcmVhc29uGAIgASgJIiAKDEhlYXJ0YmVhdEFjaxIQCghzZXF1ZW5jZRgBIAEoBCKtAgoITm9kZVNwZWMSNwoGbGFiZWxzGAEgAygLMicubGVhc2Vob2xkLm5vZGUudjEuTm9kZVNwZWMuTGFiZWxzRW50cnkSFQoNZGVzaXJlZF9zdGF0ZRgCIAEoCRIuCglzaXRlX2Jvb3QYAyABKAsyGy5sZWFzZWhvbGQubm9kZS52MS5TaXRlQm9vdBI/CgphdHRyaWJ1dGVzGAQgAygLMisubGVhc2Vob2xkLm5vZGUudjEuTm9kZVNwZWMuQXR0cmlidXRlc0VudHJ5Gi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEaMQoPQXR0cmlidXRlc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEi+gEKCFNpdGVCb290Eg4KBmFjdGl2ZRgBIAEoCBINCgVlcG9jaBgCIAEoBBIPCgdzaXRlX2lkGAMgASgJEi4KCmdyYW50ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmV4cGlyZXNfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCWxlYXNlX3R0bBgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIwCg1wcm9tb3RlX2FmdGVyGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uInIKDUNvbW1hbmRPdXRwdXQSEgoKY29tbWFuZF9pZBgBIAEoCRIOCgZvZmZzZXQYAiABKAMSLwoGc3RyZWFtGAMgASgOMh8ubGVhc2Vob2xkLm5vZGUudjEuT3V0cHV0U3RyZWFtEgwKBGRhdGEYBCABKAwiIwoNQ2FuY2VsQ29tbWFuZBISCgpjb21tYW5kX2lkGAEgASgJIlIKCUNhbmNlbEFjaxISCgpjb21tYW5kX2lkGAEgASgJEjEKB291dGNvbWUYAiABKA4yIC5sZWFzZWhvbGQubm9kZS52MS5DYW5jZWxPdXRjb21lKlMKCE5vZGVLaW5kEhkKFU5PREVfS0lORF9VTlNQRUNJRklFRBAAEhIKDk5PREVfS0lORF9OT0RFEAESGAoUTk9ERV9LSU5EX1NJVEVfQUdFTlQQAiphCgxPdXRwdXRTdHJlYW0SHQoZT1VUUFVUX1NUUkVBTV9VTlNQRUNJRklFRBAAEhgKFE9VVFBVVF9TVFJFQU1fU1RET1VUEAESGAoUT1VUUFVUX1NUUkVBTV9TVERFUlIQAiqQAQoNQ2FuY2VsT3V0Y29tZRIeChpDQU5DRUxfT1VUQ09NRV9VTlNQRUNJRklFRBAAEhoKFkNBTkNFTF9PVVRDT01FX1NUT1BQRUQQARIjCh9DQU5DRUxfT1VUQ09NRV9BTFJFQURZX0ZJTklTSEVEEAISHgoaQ0FOQ0VMX09VVENPTUVfTk9UX1NUQVJURUQQAzJqChJOb2RlR2F0ZXdheVNlcnZpY2USVAoHQ29ubmVjdBIhLmxlYXNlaG9sZC5ub2RlLnYxLkNvbm5lY3RSZXF1ZXN0GiIubGVhc2Vob2xkLm5vZGUudjEuQ29ubmVjdFJlc3BvbnNlKAEwAWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * ConnectRequest is one message from the daemon to the gateway.
@@ -71,6 +71,23 @@ export type ConnectRequest = Message<"leasehold.node.v1.ConnectRequest"> & {
      */
     value: Event;
     case: "event";
+  } | {
+    /**
+     * command_output is a piece of a running command's stdout or stderr.
+     *
+     * @generated from field: leasehold.node.v1.CommandOutput command_output = 6;
+     */
+    value: CommandOutput;
+    case: "commandOutput";
+  } | {
+    /**
+     * cancel_ack answers a CancelCommand: the command is no longer running
+     * on the node (and why).
+     *
+     * @generated from field: leasehold.node.v1.CancelAck cancel_ack = 7;
+     */
+    value: CancelAck;
+    case: "cancelAck";
   } | { case: undefined; value?: undefined };
 };
 
@@ -141,6 +158,16 @@ export type ConnectResponse = Message<"leasehold.node.v1.ConnectResponse"> & {
      */
     value: HeartbeatAck;
     case: "heartbeatAck";
+  } | {
+    /**
+     * cancel_command asks the daemon to stop a command; a daemon that does
+     * not know this message ignores it (the command then runs to its end and
+     * the cancellation stays unconfirmed).
+     *
+     * @generated from field: leasehold.node.v1.CancelCommand cancel_command = 7;
+     */
+    value: CancelCommand;
+    case: "cancelCommand";
   } | { case: undefined; value?: undefined };
 };
 
@@ -700,6 +727,102 @@ export const SiteBootSchema: GenMessage<SiteBoot> = /*@__PURE__*/
   messageDesc(file_leasehold_node_v1_node, 14);
 
 /**
+ * CommandOutput is a piece of a running command's output. Offsets count the
+ * bytes of the command's stdout and stderr together, in the order the
+ * daemon produced them, from 0; a re-sent piece carries the same offset and
+ * is stored once.
+ *
+ * @generated from message leasehold.node.v1.CommandOutput
+ */
+export type CommandOutput = Message<"leasehold.node.v1.CommandOutput"> & {
+  /**
+   * command_id is the command that wrote the output.
+   *
+   * @generated from field: string command_id = 1;
+   */
+  commandId: string;
+
+  /**
+   * offset is the position of data's first byte in the command's output.
+   *
+   * @generated from field: int64 offset = 2;
+   */
+  offset: bigint;
+
+  /**
+   * stream says whether data was written to stdout or stderr.
+   *
+   * @generated from field: leasehold.node.v1.OutputStream stream = 3;
+   */
+  stream: OutputStream;
+
+  /**
+   * data is the output itself, at most 64 KiB per message.
+   *
+   * @generated from field: bytes data = 4;
+   */
+  data: Uint8Array;
+};
+
+/**
+ * Describes the message leasehold.node.v1.CommandOutput.
+ * Use `create(CommandOutputSchema)` to create a new message.
+ */
+export const CommandOutputSchema: GenMessage<CommandOutput> = /*@__PURE__*/
+  messageDesc(file_leasehold_node_v1_node, 15);
+
+/**
+ * CancelCommand asks the daemon to stop a command it was given: the daemon
+ * cancels the command's context and answers CancelAck once the command is
+ * no longer running. Sent again on every Hello until acknowledged.
+ *
+ * @generated from message leasehold.node.v1.CancelCommand
+ */
+export type CancelCommand = Message<"leasehold.node.v1.CancelCommand"> & {
+  /**
+   * command_id is the command to stop.
+   *
+   * @generated from field: string command_id = 1;
+   */
+  commandId: string;
+};
+
+/**
+ * Describes the message leasehold.node.v1.CancelCommand.
+ * Use `create(CancelCommandSchema)` to create a new message.
+ */
+export const CancelCommandSchema: GenMessage<CancelCommand> = /*@__PURE__*/
+  messageDesc(file_leasehold_node_v1_node, 16);
+
+/**
+ * CancelAck confirms a CancelCommand.
+ *
+ * @generated from message leasehold.node.v1.CancelAck
+ */
+export type CancelAck = Message<"leasehold.node.v1.CancelAck"> & {
+  /**
+   * command_id is the command the CancelCommand named.
+   *
+   * @generated from field: string command_id = 1;
+   */
+  commandId: string;
+
+  /**
+   * outcome says what the daemon found.
+   *
+   * @generated from field: leasehold.node.v1.CancelOutcome outcome = 2;
+   */
+  outcome: CancelOutcome;
+};
+
+/**
+ * Describes the message leasehold.node.v1.CancelAck.
+ * Use `create(CancelAckSchema)` to create a new message.
+ */
+export const CancelAckSchema: GenMessage<CancelAck> = /*@__PURE__*/
+  messageDesc(file_leasehold_node_v1_node, 17);
+
+/**
  * NodeKind says what sort of process is on the other end of a session.
  *
  * @generated from enum leasehold.node.v1.NodeKind
@@ -733,6 +856,84 @@ export enum NodeKind {
  */
 export const NodeKindSchema: GenEnum<NodeKind> = /*@__PURE__*/
   enumDesc(file_leasehold_node_v1_node, 0);
+
+/**
+ * OutputStream names the stream a piece of command output came from.
+ *
+ * @generated from enum leasehold.node.v1.OutputStream
+ */
+export enum OutputStream {
+  /**
+   * OUTPUT_STREAM_UNSPECIFIED is refused.
+   *
+   * @generated from enum value: OUTPUT_STREAM_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * OUTPUT_STREAM_STDOUT is the command's standard output.
+   *
+   * @generated from enum value: OUTPUT_STREAM_STDOUT = 1;
+   */
+  STDOUT = 1,
+
+  /**
+   * OUTPUT_STREAM_STDERR is the command's standard error.
+   *
+   * @generated from enum value: OUTPUT_STREAM_STDERR = 2;
+   */
+  STDERR = 2,
+}
+
+/**
+ * Describes the enum leasehold.node.v1.OutputStream.
+ */
+export const OutputStreamSchema: GenEnum<OutputStream> = /*@__PURE__*/
+  enumDesc(file_leasehold_node_v1_node, 1);
+
+/**
+ * CancelOutcome is what a daemon found when asked to cancel a command.
+ *
+ * @generated from enum leasehold.node.v1.CancelOutcome
+ */
+export enum CancelOutcome {
+  /**
+   * CANCEL_OUTCOME_UNSPECIFIED is refused.
+   *
+   * @generated from enum value: CANCEL_OUTCOME_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * CANCEL_OUTCOME_STOPPED: the command was running and its handler has
+   * returned after its context was cancelled; its result was sent first.
+   *
+   * @generated from enum value: CANCEL_OUTCOME_STOPPED = 1;
+   */
+  STOPPED = 1,
+
+  /**
+   * CANCEL_OUTCOME_ALREADY_FINISHED: the command had already ended (its
+   * result, or an interrupted result, is re-sent first).
+   *
+   * @generated from enum value: CANCEL_OUTCOME_ALREADY_FINISHED = 2;
+   */
+  ALREADY_FINISHED = 2,
+
+  /**
+   * CANCEL_OUTCOME_NOT_STARTED: the daemon never started the command and
+   * now never will.
+   *
+   * @generated from enum value: CANCEL_OUTCOME_NOT_STARTED = 3;
+   */
+  NOT_STARTED = 3,
+}
+
+/**
+ * Describes the enum leasehold.node.v1.CancelOutcome.
+ */
+export const CancelOutcomeSchema: GenEnum<CancelOutcome> = /*@__PURE__*/
+  enumDesc(file_leasehold_node_v1_node, 2);
 
 /**
  * NodeGatewayService is served by every gateway behind the L4 balancer.
