@@ -1,7 +1,8 @@
 // Package process is the shared skeleton of every leasehold service's main:
 // flags with LEASEHOLD_* environment fallbacks, a slog logger, a Prometheus
 // registry, OpenTelemetry tracing (off unless the OTEL_* environment turns
-// it on; flushed on exit), the pgx pool, optional migrations, the health
+// it on; flushed on exit), the pgx pool and optional migrations (unless the
+// service needs no database: Spec.NoDatabase), the health
 // endpoints, and a dskit services.Manager that starts the service's components and stops
 // them on SIGTERM or when any of them fails.
 package process
@@ -61,21 +62,32 @@ type Config struct {
 }
 
 // RegisterFlags registers the common flags on f, each name under prefix;
-// --http-addr defaults to c.HTTPAddr (the service's health address).
+// --http-addr defaults to c.HTTPAddr (the service's health address) and
+// --shutdown-timeout to c.ShutdownTimeout when set (90 s otherwise).
 func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.StringVar(&c.DatabaseURL, prefix+"database-url", "", "PostgreSQL URL (env LEASEHOLD_DATABASE_URL)")
 	f.StringVar(&c.ListenURL, prefix+"listen-database-url", "", "direct PostgreSQL URL for LISTEN when --database-url goes through a transaction pooler")
 	f.BoolVar(&c.Pooler, prefix+"pooler", false, "--database-url goes through PgBouncer in transaction mode")
 	f.IntVar(&c.MaxConns, prefix+"db-max-conns", 10, "maximum connections in the pool")
-	f.StringVar(&c.HTTPAddr, prefix+"http-addr", c.HTTPAddr, "address of /livez, /readyz, /healthz/detail and /metrics")
-	f.StringVar(&c.HealthToken, prefix+"health-token", "", "bearer token for /healthz/detail (empty disables it)")
 	f.BoolVar(&c.Migrate, prefix+"migrate", false, "apply pending database migrations at start")
 	f.StringVar(&c.ID, prefix+"id", "", "process id used as lease owner (default: generated)")
-	f.StringVar(&c.LogLevel, prefix+"log-level", "info", "log level: debug, info, warn, error")
-	f.StringVar(&c.LogFormat, prefix+"log-format", "json", "log format: json or text")
-	f.DurationVar(&c.ShutdownTimeout, prefix+"shutdown-timeout", 90*time.Second, "how long a graceful stop may take")
+	c.registerServerFlags(prefix, f)
 	f.Float64Var(&c.ClockRate, prefix+"clock.rate", 1, "benches only: run timers this many times faster than wall time (the database's compute_now() must be scaled alike: pkg/clock.InstallSQL)")
 	f.StringVar(&c.ClockEpoch, prefix+"clock.epoch", "", "benches only: RFC 3339 instant at which the scaled and wall clocks agree (needed with --clock.rate > 1)")
+}
+
+// registerServerFlags registers the flags every process has, with or
+// without a database: health server, logging and graceful stop.
+func (c *Config) registerServerFlags(prefix string, f *flag.FlagSet) {
+	shutdown := c.ShutdownTimeout
+	if shutdown <= 0 {
+		shutdown = 90 * time.Second
+	}
+	f.StringVar(&c.HTTPAddr, prefix+"http-addr", c.HTTPAddr, "address of /livez, /readyz, /healthz/detail and /metrics")
+	f.StringVar(&c.HealthToken, prefix+"health-token", "", "bearer token for /healthz/detail (empty disables it)")
+	f.StringVar(&c.LogLevel, prefix+"log-level", "info", "log level: debug, info, warn, error")
+	f.StringVar(&c.LogFormat, prefix+"log-format", "json", "log format: json or text")
+	f.DurationVar(&c.ShutdownTimeout, prefix+"shutdown-timeout", shutdown, "how long a graceful stop may take")
 }
 
 // Scale is the clock scale of --clock.rate and --clock.epoch (rate 1: the
@@ -111,13 +123,22 @@ func (c *Config) Validate() error {
 	if c.MaxConns < 1 || c.MaxConns > 1000 {
 		errs = append(errs, fmt.Errorf("--db-max-conns %d must be in 1..1000", c.MaxConns))
 	}
-	if c.HTTPAddr == "" {
-		errs = append(errs, errors.New("--http-addr is required"))
-	}
 	if c.ID != "" {
 		if err := coord.ValidateOwner(c.ID); err != nil {
 			errs = append(errs, fmt.Errorf("--id: %w", err))
 		}
+	}
+	if _, err := c.Scale(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(append(errs, c.validateServer())...)
+}
+
+// validateServer checks the flags of registerServerFlags.
+func (c *Config) validateServer() error {
+	var errs []error
+	if c.HTTPAddr == "" {
+		errs = append(errs, errors.New("--http-addr is required"))
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
@@ -128,9 +149,6 @@ func (c *Config) Validate() error {
 	case "json", "text":
 	default:
 		errs = append(errs, fmt.Errorf("--log-format %q must be json or text", c.LogFormat))
-	}
-	if _, err := c.Scale(); err != nil {
-		errs = append(errs, err)
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-timeout %s must be positive", c.ShutdownTimeout))

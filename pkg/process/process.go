@@ -37,7 +37,7 @@ type Process struct {
 	Logger *slog.Logger
 	// Registry is the process's own Prometheus registry.
 	Registry *prometheus.Registry
-	// DB is the pgx pool.
+	// DB is the pgx pool; nil when Spec.NoDatabase is set.
 	DB *pgxpool.Pool
 	// Health serves the health endpoints; add checks to it.
 	Health *health.Handler
@@ -59,6 +59,18 @@ type Spec struct {
 	HTTPAddr string
 	// IDPrefix prefixes generated process ids (e.g. "gw_").
 	IDPrefix string
+	// NoDatabase runs a service that needs no database: no database flags
+	// (--database-url, --migrate, --id, --clock.* and the rest), no pool, no
+	// migrations, no database readiness check; Process.DB is nil and
+	// Process.Clock is the real clock.
+	NoDatabase bool
+	// ShutdownTimeout is the default of --shutdown-timeout (90 s when zero).
+	ShutdownTimeout time.Duration
+	// Identity, when set, names the process from the service's own flags
+	// once they are valid: id replaces the --id (or generated) Config.ID and
+	// attrs are added to every log line. Services without a database use it
+	// (they have no --id).
+	Identity func() (id string, attrs []any)
 	// Flags registers the service's own flags.
 	Flags func(fs *flag.FlagSet)
 	// Validate checks the service's own flags.
@@ -75,10 +87,15 @@ func Main(spec Spec) {
 
 // Run is Main without the exit, for tests.
 func Run(ctx context.Context, spec Spec, args []string, stderr *os.File) int {
-	cfg := Config{HTTPAddr: spec.HTTPAddr}
+	cfg := Config{HTTPAddr: spec.HTTPAddr, ShutdownTimeout: spec.ShutdownTimeout}
 	fs := flag.NewFlagSet(spec.Name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	cfg.RegisterFlags("", fs)
+	if spec.NoDatabase {
+		cfg.registerServerFlags("", fs)
+		cfg.ClockRate = 1
+	} else {
+		cfg.RegisterFlags("", fs)
+	}
 	showVersion := RegisterVersionFlag(fs)
 	if spec.Flags != nil {
 		spec.Flags(fs)
@@ -94,13 +111,22 @@ func Run(ctx context.Context, spec Spec, args []string, stderr *os.File) int {
 		fmt.Fprintf(stderr, "%s: %v\n", spec.Name, err)
 		return 2
 	}
-	err := cfg.Validate()
+	var err error
+	if spec.NoDatabase {
+		err = cfg.validateServer()
+	} else {
+		err = cfg.Validate()
+	}
 	if spec.Validate != nil {
 		err = errors.Join(err, spec.Validate())
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: invalid configuration:\n%v\n", spec.Name, err)
 		return 2
+	}
+	var attrs []any
+	if spec.Identity != nil {
+		cfg.ID, attrs = spec.Identity()
 	}
 	if cfg.ID == "" {
 		prefix := spec.IDPrefix
@@ -109,7 +135,7 @@ func Run(ctx context.Context, spec Spec, args []string, stderr *os.File) int {
 		}
 		cfg.ID = NewID(prefix)
 	}
-	logger := NewLogger(stderr, cfg.LogLevel, cfg.LogFormat).With("service", spec.Name, "id", cfg.ID)
+	logger := NewLogger(stderr, cfg.LogLevel, cfg.LogFormat).With("service", spec.Name, "id", cfg.ID).With(attrs...)
 	if err := run(ctx, spec, cfg, logger); err != nil {
 		logger.Error("exiting after failure", "err", err)
 		return 1
@@ -137,30 +163,32 @@ func run(parent context.Context, spec Spec, cfg Config, logger *slog.Logger) err
 		return err
 	}
 	defer stopTracing()
-	// Connect first: it refuses a standby before migrations would fail on it.
-	db, err := pgdb.Connect(ctx, pgdb.Config{
-		URL: cfg.DatabaseURL, AppName: "leasehold-" + spec.Name + ":" + cfg.ID,
-		MaxConns: int32(cfg.MaxConns), Pooler: cfg.Pooler, Setting: "--database-url", Tracer: queryTracer,
-	})
-	if err != nil {
-		return fmt.Errorf("connect to database: %w", err)
-	}
-	defer db.Close()
-	if err := checkSchema(ctx, cfg, logger); err != nil {
-		return err
-	}
-
-	clk, err := processClock(ctx, cfg, db, logger)
-	if err != nil {
-		return err
-	}
-
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	h := health.New(reg, cfg.HealthToken)
 	RegisterBuildInfo(reg, h)
-	h.AddReadiness("database", func(ctx context.Context) error { return db.Ping(ctx) })
-	p := &Process{Name: spec.Name, Config: cfg, Logger: logger, Registry: reg, DB: db, Health: h, Mux: h.ServeMux(), Clock: clk, Tracer: tp}
+	p := &Process{Name: spec.Name, Config: cfg, Logger: logger, Registry: reg, Health: h, Mux: h.ServeMux(), Tracer: tp}
+	if spec.NoDatabase {
+		p.Clock = clockwork.NewRealClock()
+	} else {
+		// Connect first: it refuses a standby before migrations would fail on it.
+		db, err := pgdb.Connect(ctx, pgdb.Config{
+			URL: cfg.DatabaseURL, AppName: "leasehold-" + spec.Name + ":" + cfg.ID,
+			MaxConns: int32(cfg.MaxConns), Pooler: cfg.Pooler, Setting: "--database-url", Tracer: queryTracer,
+		})
+		if err != nil {
+			return fmt.Errorf("connect to database: %w", err)
+		}
+		defer db.Close()
+		if err := checkSchema(ctx, cfg, logger); err != nil {
+			return err
+		}
+		if p.Clock, err = processClock(ctx, cfg, db, logger); err != nil {
+			return err
+		}
+		h.AddReadiness("database", func(ctx context.Context) error { return db.Ping(ctx) })
+		p.DB = db
+	}
 
 	components, err := spec.Build(ctx, p)
 	if err != nil {

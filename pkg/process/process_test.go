@@ -150,3 +150,74 @@ func TestEnvFallback(t *testing.T) {
 	require.Equal(t, "debug", cfg.LogLevel)
 	require.Equal(t, "text", cfg.LogFormat)
 }
+
+// TestRunWithoutDatabase: a Spec.NoDatabase service starts with no database
+// flag at all, gets no pool, is ready without a database check, takes its
+// id and log attributes from Identity, has no database flags, and stops
+// cleanly.
+func TestRunWithoutDatabase(t *testing.T) {
+	t.Parallel()
+	port, err := pglocal.FreePort()
+	require.NoError(t, err)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	logs, err := os.CreateTemp(t.TempDir(), "log")
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	built := make(chan *process.Process, 1)
+	spec := process.Spec{
+		Name: "nodb", HTTPAddr: "127.0.0.1:0", NoDatabase: true, ShutdownTimeout: 7 * time.Second,
+		Identity: func() (string, []any) { return "node-7", []any{"site", "site-3"} },
+		Build: func(ctx context.Context, p *process.Process) ([]services.Service, error) {
+			built <- p
+			return []services.Service{services.NewIdleService(nil, nil)}, nil
+		},
+	}
+	exit := make(chan int, 1)
+	go func() {
+		exit <- process.Run(ctx, spec, []string{"--http-addr", addr, "--health-token", "s3cret"}, logs)
+	}()
+	var p *process.Process
+	select {
+	case p = <-built:
+	case code := <-exit:
+		out, _ := os.ReadFile(logs.Name())
+		t.Fatalf("exited %d before building:\n%s", code, out)
+	}
+	require.Nil(t, p.DB, "no pool")
+	require.NotNil(t, p.Clock)
+	require.Equal(t, "node-7", p.Config.ID, "the id comes from Identity")
+	require.Equal(t, 7*time.Second, p.Config.ShutdownTimeout, "Spec.ShutdownTimeout is the flag's default")
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 10*time.Second, 20*time.Millisecond)
+	code, body := get(t, "http://"+addr+"/healthz/detail", "s3cret")
+	require.Equal(t, http.StatusOK, code)
+	require.NotContains(t, body, `"database"`, "no database readiness check")
+	code, body = get(t, "http://"+addr+"/metrics", "")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "go_goroutines")
+
+	cancel()
+	select {
+	case code := <-exit:
+		require.Equal(t, 0, code)
+	case <-time.After(15 * time.Second):
+		t.Fatal("did not stop")
+	}
+	out, err := os.ReadFile(logs.Name())
+	require.NoError(t, err)
+	require.Contains(t, string(out), `"id":"node-7","site":"site-3"`)
+	require.Contains(t, string(out), "stopped cleanly")
+
+	// The database flags do not exist: asking for one is a usage error.
+	for _, flag := range []string{"--database-url", "--migrate", "--id", "--clock.rate"} {
+		require.Equal(t, 2, process.Run(context.Background(), spec, []string{flag, "x"}, logs), flag)
+	}
+}
