@@ -29,9 +29,10 @@ const (
 // chaosSchema extends the failover tables so that every fenced write records,
 // from inside its own transaction, the lease it was fenced on, that lease's
 // epoch and owner, and the lease's expiry when it started and when it
-// finished. The fence's FOR SHARE lock keeps that row unchanged for the
-// whole transaction, so what the trigger reads is exactly the epoch the
-// write was fenced at.
+// finished. The fence's FOR KEY SHARE lock keeps that row's owner and epoch
+// (key columns: migrations 00015 and 00023) unchanged for the whole
+// transaction, so the owner and epoch the trigger reads are exactly those
+// the write was fenced at; a renewal may still move expires_at.
 const chaosSchema = `
 CREATE TABLE key_lease (key text PRIMARY KEY, lease text NOT NULL);
 ALTER TABLE reconcile_log ADD COLUMN lease text, ADD COLUMN epoch bigint, ADD COLUMN lease_owner text,

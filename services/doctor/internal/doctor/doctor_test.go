@@ -180,7 +180,7 @@ func fence(t *testing.T, conn *pgx.Conn, name, owner string, epoch int64) pgx.Tx
 	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 	var one int
 	require.NoError(t, tx.QueryRow(ctx, `SELECT 1 FROM leases
-	 WHERE name = $1 AND owner = $2 AND epoch = $3 AND expires_at > compute_now() FOR SHARE`, name, owner, epoch).Scan(&one))
+	 WHERE name = $1 AND owner = $2 AND epoch = $3 AND expires_at > compute_now() FOR KEY SHARE`, name, owner, epoch).Scan(&one))
 	return tx
 }
 
@@ -245,8 +245,8 @@ func TestStuckLeaseHeldPastExpiryByFencedTransaction(t *testing.T) {
 		return err == nil && older
 	}, 30*time.Second, 20*time.Millisecond, "the fenced transaction outlives the lease TTL")
 	f = b.check(t, doctor.CodeLeasesStuck)
-	requireFinding(t, f, doctor.SeverityWarn, "1 transaction has held FOR SHARE locks on leases longer than the lease TTL 2s")
-	requireEvidence(t, f, "long_fenced_transaction", "leasehold-worker:w-a", "FOR SHARE")
+	requireFinding(t, f, doctor.SeverityWarn, "1 transaction has held FOR KEY SHARE locks on leases longer than the lease TTL 2s")
+	requireEvidence(t, f, "long_fenced_transaction", "leasehold-worker:w-a", "FOR KEY SHARE")
 	require.NoError(t, tx.Rollback(context.Background()))
 }
 

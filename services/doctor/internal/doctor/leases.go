@@ -10,11 +10,11 @@ import (
 )
 
 // stuckSQL finds leases past their expiry whose row is locked by a running
-// transaction. A row lock lives in the tuple, not in pg_locks: FOR SHARE
-// writes the locker's transaction id into the row's xmax, and every running
-// transaction holds an ExclusiveLock on its own id, so the join names the
-// locker. (Several concurrent FOR SHARE lockers share a multixact instead;
-// longFencedSQL still sees them.)
+// transaction. A row lock lives in the tuple, not in pg_locks: the fence's
+// FOR KEY SHARE (pkg/coord.Fence) writes the locker's transaction id into
+// the row's xmax, and every running transaction holds an ExclusiveLock on
+// its own id, so the join names the locker. (Several concurrent fenced
+// lockers share a multixact instead; longFencedSQL still sees them.)
 const stuckSQL = `
 SELECT l.name, coalesce(l.owner, ''), l.epoch, compute_now() - l.expires_at,
        lk.pid, coalesce(a.application_name, ''), coalesce(a.state, ''),
@@ -27,7 +27,8 @@ SELECT l.name, coalesce(l.owner, ''), l.epoch, compute_now() - l.expires_at,
  ORDER BY l.expires_at`
 
 // longFencedSQL lists the transactions holding a row lock (RowShareLock:
-// SELECT ... FOR SHARE/UPDATE) on the leases table of this database.
+// SELECT ... FOR KEY SHARE, the fence, or any other FOR ... locking clause)
+// on the leases table of this database.
 const longFencedSQL = `
 SELECT lk.pid, coalesce(a.application_name, ''), coalesce(a.state, ''),
        compute_now() - a.xact_start, coalesce(a.usename::text, ''), coalesce(left(a.query, 160), '')
@@ -138,7 +139,7 @@ func checkStuck(ctx context.Context, d *Doctor) (Finding, error) {
 		return f, nil
 	}
 	if len(long) > 0 {
-		f := warn(fmt.Sprintf("%s held FOR SHARE locks on leases longer than the lease TTL %s (oldest pid %d, %s)",
+		f := warn(fmt.Sprintf("%s held FOR KEY SHARE locks on leases longer than the lease TTL %s (oldest pid %d, %s)",
 			plural(len(long), "transaction has", "transactions have"), dur(d.cfg.LeaseTTL), long[0].pid, dur(*long[0].xactAge)),
 			"a fenced transaction that outlives its lease's TTL holds off the renewal and any takeover of that lease: "+
 				"find what the process is waiting on, shorten the transaction, or end it with "+terminate)
