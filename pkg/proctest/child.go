@@ -175,7 +175,9 @@ func (c *Child) AwaitStatus(ctx context.Context, path string, want int, timeout 
 	var last string
 	for {
 		if c.Exited() {
-			return fmt.Errorf("%s %w (%v) while waiting for %s", c.Name, errExited, c.waitErr, path)
+			// The exit status is described, not wrapped: it may be nil (a
+			// clean exit), and callers match errExited.
+			return fmt.Errorf("%s %w (%s) while waiting for %s", c.Name, errExited, fmt.Sprint(c.waitErr), path)
 		}
 		code, body, err := c.Fetch(ctx, path, "")
 		if err == nil && code == want {

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -245,14 +246,11 @@ func (s *Server) CPU() (secs float64, ok bool) {
 		if len(f) < 15 {
 			return 0, ""
 		}
-		var ut, st, cut, cst int64
-		fmt.Sscan(f[11], &ut)
-		fmt.Sscan(f[12], &st)
-		n := ut + st
+		// utime, stime, cutime, cstime; a field that does not parse counts 0.
+		field := func(i int) int64 { v, _ := strconv.ParseInt(f[i], 10, 64); return v }
+		n := field(11) + field(12)
 		if withChildren {
-			fmt.Sscan(f[13], &cut)
-			fmt.Sscan(f[14], &cst)
-			n += cut + cst
+			n += field(13) + field(14)
 		}
 		return n, f[1] // f[1] is the parent pid
 	}

@@ -169,7 +169,7 @@ func waitReady(ctx context.Context, url string, exited <-chan error) error {
 		}
 		select {
 		case err := <-exited:
-			return fmt.Errorf("leasehold-api exited before it was ready: %v", err)
+			return fmt.Errorf("leasehold-api exited before it was ready: %w", err)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):

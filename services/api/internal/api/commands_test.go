@@ -39,7 +39,7 @@ func TestCreateCommandIdempotencyKey(t *testing.T) {
 
 	// The same key with other content is a conflict; the key is per node.
 	_, err = b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Payload: []byte("other"), IdempotencyKey: "k-1"}))
-	ce := requireCode(t, err, connect.CodeAlreadyExists)
+	ce := requireConnectError(t, err, connect.CodeAlreadyExists)
 	require.Contains(t, ce.Message(), "idempotency_key")
 	b.registerNode("node-2", nil)
 	other, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-2", Kind: "exec", IdempotencyKey: "k-1"}))
@@ -62,10 +62,10 @@ func TestCreateCommandIdempotencyKey(t *testing.T) {
 	// A deadline in the past, or unknown node, writes nothing.
 	_, err = b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "reboot",
 		Expiry: &controlv1.CreateCommandRequest_Deadline{Deadline: timestamppb.New(time.Now().Add(-time.Minute))}}))
-	ce = requireCode(t, err, connect.CodeInvalidArgument)
+	ce = requireConnectError(t, err, connect.CodeInvalidArgument)
 	require.Contains(t, ce.Message(), "deadline:")
 	_, err = b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "ghost", Kind: "exec"}))
-	_ = requireCode(t, err, connect.CodeNotFound)
+	requireCode(t, err, connect.CodeNotFound)
 	require.Equal(t, 4, b.count(`SELECT count(*) FROM commands`))
 
 	got, err := b.viewer.GetCommand(ctx, connect.NewRequest(&controlv1.GetCommandRequest{CommandId: c.GetId()}))
@@ -73,7 +73,7 @@ func TestCreateCommandIdempotencyKey(t *testing.T) {
 	require.Equal(t, c.GetPayload(), got.Msg.GetCommand().GetPayload())
 	require.Nil(t, got.Msg.GetResult())
 	_, err = b.viewer.GetCommand(ctx, connect.NewRequest(&controlv1.GetCommandRequest{CommandId: "ghost"}))
-	_ = requireCode(t, err, connect.CodeNotFound)
+	requireCode(t, err, connect.CodeNotFound)
 }
 
 func TestCancelCommand(t *testing.T) {
@@ -107,7 +107,7 @@ func TestCancelCommand(t *testing.T) {
 	require.Equal(t, controlv1.CommandState_COMMAND_STATE_SUCCEEDED, r.Msg.GetCommand().GetState())
 	require.Nil(t, r.Msg.GetCommand().GetCancelRequestedAt())
 	_, err = b.operator.CancelCommand(ctx, connect.NewRequest(&controlv1.CancelCommandRequest{CommandId: "ghost"}))
-	_ = requireCode(t, err, connect.CodeNotFound)
+	requireCode(t, err, connect.CodeNotFound)
 
 	// Each call that found its command is audited in its transaction.
 	require.Equal(t, 2, b.count(`SELECT count(*) FROM audit_events WHERE method = 'CancelCommand' AND outcome = 'ok'`))
@@ -265,7 +265,7 @@ SELECT 'node-1', 'tie', '2020-01-01T00:00:00Z' FROM generate_series(1, 5)`)
 	nodes, err := b.viewer.ListNodes(ctx, connect.NewRequest(&controlv1.ListNodesRequest{PageSize: 1}))
 	require.NoError(t, err)
 	_, err = b.viewer.ListCommands(ctx, connect.NewRequest(&controlv1.ListCommandsRequest{PageToken: nodes.Msg.GetNextPageToken()}))
-	ce := requireCode(t, err, connect.CodeInvalidArgument)
+	ce := requireConnectError(t, err, connect.CodeInvalidArgument)
 	require.Contains(t, ce.Message(), "page_token:")
 }
 

@@ -479,7 +479,7 @@ func TestInvalidArgumentsWriteNothing(t *testing.T) {
 	covered := map[string]bool{"ListSinks": true, "ListGateways": true}
 	for _, tc := range cases {
 		err := tc.call()
-		ce := requireCode(t, err, connect.CodeInvalidArgument, tc.name)
+		ce := requireConnectError(t, err, connect.CodeInvalidArgument, tc.name)
 		require.True(t, strings.HasPrefix(ce.Message(), tc.field+":"), "%s: message %q should start with %q", tc.name, ce.Message(), tc.field+":")
 		require.NotContains(t, ce.Message(), secret)
 	}

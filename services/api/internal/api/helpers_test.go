@@ -170,7 +170,15 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
-func requireCode(t *testing.T, err error, code connect.Code, msgAndArgs ...any) *connect.Error {
+// requireCode asserts that err is a Connect error with code.
+func requireCode(t *testing.T, err error, code connect.Code, msgAndArgs ...any) {
+	t.Helper()
+	_ = requireConnectError(t, err, code, msgAndArgs...)
+}
+
+// requireConnectError asserts that err is a Connect error with code and
+// returns it, for assertions on its message and details.
+func requireConnectError(t *testing.T, err error, code connect.Code, msgAndArgs ...any) *connect.Error {
 	t.Helper()
 	require.Error(t, err, msgAndArgs...)
 	var ce *connect.Error

@@ -57,7 +57,7 @@ func TestRegisterNodeReturnsCredentialOnceStoredHashed(t *testing.T) {
 	b.secret(sa.Msg.GetCredential())
 	require.Equal(t, "site-a", sa.Msg.GetNode().GetSiteId())
 	_, err = b.admin.RegisterNode(ctx, connect.NewRequest(&controlv1.RegisterNodeRequest{NodeId: "node-2", Kind: nodev1.NodeKind_NODE_KIND_NODE, PoolId: "nope"}))
-	ce := requireCode(t, err, connect.CodeNotFound)
+	ce := requireConnectError(t, err, connect.CodeNotFound)
 	require.Contains(t, ce.Message(), "pool_id")
 	require.Zero(t, b.count(`SELECT count(*) FROM nodes WHERE id = 'node-2'`))
 

@@ -65,7 +65,7 @@ wait:
 	cancel()
 	<-shutdownDone
 	_ = g.srv.Close()
-	<-serveErr
+	<-serveErr // after Close, Serve returns ErrServerClosed
 	g.log.Info("drained")
 }
 

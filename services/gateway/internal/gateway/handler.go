@@ -562,7 +562,7 @@ func (g *Gateway) handleResult(ctx context.Context, s *session, r *nodev1.Comman
 	if it.output == nil {
 		it.output = []byte{}
 	}
-	start := time.Now()
+	start := spanStart()
 	o, cerr := g.awaitOutcome(ctx, it, "command result")
 	g.traceResult(ctx, s, r, o.traceparent, start, o.outcome, o.err)
 	if cerr != nil {

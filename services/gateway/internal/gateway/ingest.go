@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Group commit of what nodes report (issue 15). Results, acks and events of
@@ -183,7 +184,7 @@ func (g *Gateway) answer(it *ingestItem, o ingestOutcome) {
 // reason other than the connection, each item is written alone, so one bad
 // item cannot fail the others.
 func (g *Gateway) flush(ctx context.Context, batch []*ingestItem) {
-	start := time.Now()
+	timer := prometheus.NewTimer(g.m.ingestFlush) // wall time: a latency metric
 	out, tps, err := g.writeBatch(ctx, batch)
 	if err != nil && len(batch) > 1 && ctx.Err() == nil {
 		g.log.Warn("group commit failed; writing its reports one by one", "reports", len(batch), "err", err)
@@ -193,7 +194,7 @@ func (g *Gateway) flush(ctx context.Context, batch []*ingestItem) {
 		return
 	}
 	g.m.ingestBatch.Observe(float64(len(batch)))
-	g.m.ingestFlush.Observe(time.Since(start).Seconds())
+	timer.ObserveDuration()
 	for i, it := range batch {
 		if err != nil {
 			g.answer(it, ingestOutcome{err: err})

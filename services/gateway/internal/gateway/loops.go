@@ -8,6 +8,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -171,7 +172,8 @@ type dispatched struct {
 // each to its session. It returns how many each node got, and the total.
 func (g *Gateway) dispatchOnce(ctx context.Context, ids []string, epochs []int64, lims []int32) (map[string]int, int, error) {
 	var out []dispatched
-	start := time.Now()
+	start := spanStart()
+	timer := prometheus.NewTimer(g.m.dispatchCall) // wall time: a latency metric
 	err := g.runFenced(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		out = out[:0]
 		rows, err := tx.Query(ctx, dispatchSQL, g.id, ids, epochs, lims, g.cfg.DispatchBatch)
@@ -199,7 +201,7 @@ func (g *Gateway) dispatchOnce(ctx context.Context, ids []string, epochs []int64
 	if err != nil {
 		return nil, 0, err
 	}
-	g.m.dispatchCall.Observe(time.Since(start).Seconds())
+	timer.ObserveDuration()
 	got := make(map[string]int, len(ids))
 	for _, d := range out {
 		got[d.nodeID]++

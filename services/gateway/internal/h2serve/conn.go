@@ -16,14 +16,13 @@ import (
 )
 
 var (
-	errPingTimeout   = errors.New("h2serve: no PING acknowledgement in time")
-	errConnClosed    = errors.New("h2serve: connection closed")
-	errStreamReset   = errors.New("h2serve: stream reset by peer")
-	errStreamDone    = errors.New("h2serve: handler returned")
-	errFlowTimeout   = errors.New("h2serve: peer granted no flow-control window within the write timeout")
-	errHandlerPanic  = errors.New("h2serve: handler panicked")
-	errBodyClosed    = errors.New("h2serve: request body closed")
-	errStreamRefused = errors.New("h2serve: stream refused")
+	errPingTimeout  = errors.New("h2serve: no PING acknowledgement in time")
+	errConnClosed   = errors.New("h2serve: connection closed")
+	errStreamReset  = errors.New("h2serve: stream reset by peer")
+	errStreamDone   = errors.New("h2serve: handler returned")
+	errFlowTimeout  = errors.New("h2serve: peer granted no flow-control window within the write timeout")
+	errHandlerPanic = errors.New("h2serve: handler panicked")
+	errBodyClosed   = errors.New("h2serve: request body closed")
 )
 
 // connError is a connection error: GOAWAY with code, then close.

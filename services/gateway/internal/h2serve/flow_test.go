@@ -95,7 +95,7 @@ func TestHeadersOnClosedStream(t *testing.T) {
 		return f.Header().StreamID == 3 && f.Header().Flags.Has(http2.FlagHeadersEndStream)
 	})
 	rc.headers(3, true, requestFields("/")...)
-	f = rc.next(func(f http2.Frame) bool { return isGoAway(f) })
+	f = rc.next(isGoAway)
 	require.Equal(t, http2.ErrCodeStreamClosed, f.(*http2.GoAwayFrame).ErrCode)
 }
 

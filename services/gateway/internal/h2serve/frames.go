@@ -117,7 +117,8 @@ func (c *conn) serveFrames() {
 		c.touch()
 		large := f.Header().Length > 1024
 		if err = c.handleFrame(f); err != nil {
-			if se, ok := err.(http2.StreamError); ok {
+			var se http2.StreamError
+			if errors.As(err, &se) {
 				c.streamError(se.StreamID, se.Code)
 				err = nil
 				continue

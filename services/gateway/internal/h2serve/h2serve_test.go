@@ -444,21 +444,24 @@ func TestWaitReadable(t *testing.T) {
 	pr, pw := io.Pipe()
 	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/", pr)
 	require.NoError(t, err)
-	resCh := make(chan *http.Response, 1)
+	// The response body, read where the response arrives; nil without one.
+	bodyCh := make(chan []byte, 1)
 	go func() {
 		res, err := h2cClient(t).Do(req)
 		if err != nil {
 			t.Error(err)
+			bodyCh <- nil
+			return
 		}
-		resCh <- res
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		bodyCh <- b
 	}()
 	<-ready
 	_, _ = pw.Write([]byte("late"))
 	_ = pw.Close()
-	res := <-resCh
-	require.NotNil(t, res)
-	b, _ := io.ReadAll(res.Body)
-	_ = res.Body.Close()
+	b := <-bodyCh
+	require.NotNil(t, b, "a response")
 	require.Equal(t, "late", string(b))
 }
 

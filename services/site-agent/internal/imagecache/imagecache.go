@@ -365,7 +365,7 @@ func (c *Cache) fetchOnce(ctx context.Context, digest string, part *os.File, h h
 		return false, have, declared, fmt.Errorf("fetch image %s: %w", digest, err)
 	}
 	defer resp.Body.Close()
-	var total int64 = -1
+	var total int64 // every case below sets it or returns
 	switch {
 	case resp.StatusCode == http.StatusPartialContent && have > 0:
 		start, end, size, ok := parseContentRange(resp.Header.Get("Content-Range"))
@@ -414,7 +414,7 @@ func (c *Cache) fetchOnce(ctx context.Context, digest string, part *os.File, h h
 		if ctx.Err() != nil {
 			return false, have, declared, fmt.Errorf("fetch image %s: %w", digest, ctx.Err())
 		}
-		return false, have, declared, fmt.Errorf("%w: %v", errCutShort, err)
+		return false, have, declared, fmt.Errorf("%w: %w", errCutShort, err)
 	}
 	if declared >= 0 && have != declared {
 		return false, have, declared, fmt.Errorf("%w: body ended at %d of %d bytes", errCutShort, have, declared)

@@ -185,7 +185,7 @@ func (r *Responder) Serve() error {
 	err := <-errc
 	_ = r.Close()
 	for range len(r.srvs) - 1 {
-		<-errc
+		<-errc // after Close, the others' ends are expected; the first error is the one returned
 	}
 	return err
 }

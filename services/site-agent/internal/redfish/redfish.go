@@ -311,7 +311,7 @@ func (b *bmcCall) getSystem(ctx context.Context, path string) (system, string, e
 	}
 	var sys system
 	if err := json.Unmarshal(body, &sys); err != nil {
-		return system{}, "", fmt.Errorf("GET %s: the BMC's answer is not a Redfish ComputerSystem: %v", path, err)
+		return system{}, "", fmt.Errorf("GET %s: the BMC's answer is not a Redfish ComputerSystem: %w", path, err)
 	}
 	etag := resp.Header.Get("ETag")
 	if etag == "" {
@@ -405,7 +405,7 @@ func (b *bmcCall) raw(ctx context.Context, method, path, etag string, body any, 
 	if err != nil {
 		b.c.log.Warn("redfish call failed", "kind", b.kind, "method", method, "endpoint", b.p.Endpoint, "path", path,
 			"system", b.p.SystemID, "credentials_ref", b.p.Credentials, "err", scrub(err, b.cred))
-		return nil, nil, fmt.Errorf("%s %s: %v", method, b.base+path, scrub(err, b.cred))
+		return nil, nil, fmt.Errorf("%s %s: %w", method, b.base+path, scrub(err, b.cred))
 	}
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
@@ -480,15 +480,15 @@ func (c *Client) session(ctx context.Context, b *bmcCall) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	switch {
-	case resp.StatusCode == http.StatusCreated || resp.StatusCode == http.StatusOK:
+	switch resp.StatusCode {
+	case http.StatusCreated, http.StatusOK:
 		tok := resp.Header.Get("X-Auth-Token")
 		if tok == "" {
 			return nil, fmt.Errorf("POST %s: the BMC opened a session without an X-Auth-Token", b.base+path)
 		}
 		s = &session{token: tok, location: resp.Header.Get("Location")}
 		c.log.Info("redfish session opened", "endpoint", b.p.Endpoint, "credentials_ref", b.p.Credentials)
-	case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed || resp.StatusCode == http.StatusNotImplemented:
+	case http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusNotImplemented:
 		s = &session{basic: true}
 		c.log.Warn("BMC has no Redfish session service; using Basic authentication on every call", "endpoint", b.p.Endpoint, "status", resp.StatusCode)
 	default:
