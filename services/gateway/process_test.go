@@ -185,9 +185,19 @@ func TestPausedGatewayFencesItselfThenServesAgain(t *testing.T) {
 	g.Pause()
 	_, err := db.Pool.Exec(ctx, `INSERT INTO commands (node_id, kind) VALUES ($1, 'exec')`, ids[0])
 	require.NoError(t, err)
-	// Past the TTL (2 s) and past idle_in_transaction_session_timeout (5 s),
-	// so not even a transaction caught mid-flight by SIGSTOP can commit.
-	time.Sleep(6 * time.Second)
+	// Resume only once the lease has expired in the database's clock (past
+	// the TTL, 2 s, and so past the trust window) and no transaction of the
+	// paused gateway is open any more (one caught mid-flight by SIGSTOP ends
+	// by idle_in_transaction_session_timeout, 5 s): then nothing of the old
+	// holding can commit.
+	require.Eventually(t, func() bool {
+		var expired, open bool
+		err := db.Pool.QueryRow(ctx, `SELECT
+		  (SELECT expires_at < compute_now() FROM leases WHERE name = 'gateway:' || $1),
+		  EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name LIKE 'leasehold-gateway:' || $1 || '%' AND xact_start IS NOT NULL)`,
+			"gw_pause").Scan(&expired, &open)
+		return err == nil && expired && !open
+	}, 60*time.Second, 50*time.Millisecond, "the paused gateway's lease expired and none of its transactions is open")
 	before := sessionFingerprint(t, db)
 	g.Resume()
 
