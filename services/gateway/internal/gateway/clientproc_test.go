@@ -88,7 +88,7 @@ func clientMain() bool {
 					}()
 					return
 				}
-				time.Sleep(100 * time.Millisecond)
+				time.Sleep(100 * time.Millisecond) // back off before redialling a gateway not yet serving
 			}
 		}()
 	}

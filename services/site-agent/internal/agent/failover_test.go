@@ -140,7 +140,7 @@ func (s *sampler) run(ctx context.Context, agents [2]*testAgent) {
 				sm.epochs[i], sm.fence[i] = a.Answering()
 			}
 			s.add(sm)
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // sampling interval of an invariant checked until ctx ends
 		}
 	}()
 	go func() {
@@ -155,7 +155,7 @@ func (s *sampler) run(ctx context.Context, agents [2]*testAgent) {
 			}
 			pw.Wait()
 			s.add(sm)
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // sampling interval (DHCP probes) until ctx ends
 		}
 	}()
 	wg.Wait()
@@ -266,7 +266,7 @@ func TestTwoAgentsOneAnswersAndFailoverNeverOverlaps(t *testing.T) {
 	promotedAt := time.Now()
 	require.Eventually(t, func() bool { return agents[stb].offers() }, 5*time.Second, 10*time.Millisecond)
 	offeredAfter := time.Since(promotedAt)
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // a window of sampling after the promotion: what is checked is that both never answer
 	stopSampling()
 	<-sampled
 

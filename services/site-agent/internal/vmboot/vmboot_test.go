@@ -378,7 +378,7 @@ func inner(t *testing.T, ns []string) {
 			if agents["agent-a"].role() == 1 && agents["agent-b"].role() == 1 {
 				both.Add(1)
 			}
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // sampling interval of an invariant checked until the end
 		}
 	}()
 	defer func() { stopSampling(); <-sampled }()
@@ -494,7 +494,7 @@ func observeChain(t *testing.T, p *agentProc, mac string, since time.Time, bootF
 			if time.Now().After(deadline) {
 				t.Fatalf("%s: no %q in %s's log within %s\n--- serial console of %s ---\n%s", name, msg, p.id, limit, vm.name, vm.console())
 			}
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // poll interval of a loop bounded by its deadline
 		}
 		note := ""
 		if ns, ok := l.fields["took"].(float64); ok { // slog's JSON duration: nanoseconds

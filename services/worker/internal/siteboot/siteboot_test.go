@@ -178,7 +178,13 @@ func TestRenewalKeepsEpochAndRefreshesTheGrant(t *testing.T) {
 	first := f.spec(t, "a1")
 	standby := f.spec(t, "a2")
 	f.exec(t, `UPDATE leases SET expires_at = compute_now() + interval '2 seconds' WHERE name = 'site:s1:boot'`)
-	time.Sleep(5 * time.Millisecond)
+	// The renewal's grant is stamped with compute_now(): wait until the
+	// database clock has moved past the first grant, so a fresh one differs.
+	require.Eventually(t, func() bool {
+		var later bool
+		err := f.db.QueryRow(context.Background(), `SELECT compute_now() > $1`, first.typed.GetSiteBoot().GetGrantedAt().AsTime()).Scan(&later)
+		return err == nil && later
+	}, 10*time.Second, time.Millisecond, "the database clock moved past the first grant")
 
 	out := f.pass(t, "s1")
 	require.Equal(t, Outcome{Action: "renewed", Holder: "a1", Epoch: 1}, out)
