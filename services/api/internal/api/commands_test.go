@@ -151,7 +151,11 @@ func TestWaitCommand(t *testing.T) {
 
 	// A gateway stores the result while the caller waits.
 	go func() {
-		time.Sleep(400 * time.Millisecond)
+		// Store it once the call below is waiting (the waiter's gauge says
+		// so), or after 20 s regardless: the call's own assertions then fail.
+		for deadline := time.Now().Add(20 * time.Second); b.waitingCommands() < 1 && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond) // poll interval of a loop bounded by its deadline
+		}
 		_, _ = b.db.Pool.Exec(ctx, `
 WITH r AS (INSERT INTO command_results (node_id, id, command_id, exit_code, output, gateway_id, session_epoch)
            VALUES ('node-1', 'res-1', $1, 0, 'hello', 'gw-1', 1))

@@ -245,3 +245,18 @@ func (b *bundle) svcMetric(procedure, code string) prometheus.Counter {
 	}
 	return c
 }
+
+// waitingCommands reads leasehold_api_wait_commands: how many commands
+// WaitCommand calls are waiting for right now.
+func (b *bundle) waitingCommands() float64 {
+	mfs, err := b.reg.Gather()
+	if err != nil {
+		return 0
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "leasehold_api_wait_commands" && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return 0
+}
