@@ -81,7 +81,7 @@ func TestChaosGatewaysAndDatabase(t *testing.T) {
 	}
 	deadline := time.Now().Add(duration)
 	for time.Now().Before(deadline) {
-		time.Sleep(time.Duration(500+rng.IntN(1500)) * time.Millisecond)
+		time.Sleep(time.Duration(500+rng.IntN(1500)) * time.Millisecond) // the schedule: the next fault in 0.5-2 s
 		now := time.Now()
 		for n, at := range paused {
 			if now.After(at) {
@@ -121,7 +121,7 @@ func TestChaosGatewaysAndDatabase(t *testing.T) {
 			faults["db-restart"]++
 		case action == 3:
 			srv.Stop(t)
-			time.Sleep(time.Duration(1000+rng.IntN(4000)) * time.Millisecond)
+			time.Sleep(time.Duration(1000+rng.IntN(4000)) * time.Millisecond) // the fault: a 1-5 s outage
 			srv.Start(t)
 			faults["db-outage"]++
 		}
