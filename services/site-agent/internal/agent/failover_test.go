@@ -225,7 +225,29 @@ func TestTwoAgentsOneAnswersAndFailoverNeverOverlaps(t *testing.T) {
 	go func() { defer close(sampled); s.run(sctx, agents) }()
 	defer func() { stopSampling(); <-sampled }()
 
-	time.Sleep(2 * time.Second) // several renewals: the holder keeps answering
+	// Several renewals (the lease's expiry moved at least twice) and more
+	// than five DHCP samples: the holder keeps answering meanwhile.
+	var (
+		lastExpiry time.Time
+		renewals   int
+	)
+	require.Eventually(t, func() bool {
+		var exp time.Time
+		if err := db.Pool.QueryRow(ctx, "SELECT expires_at FROM leases WHERE name = 'site:site1:boot'").Scan(&exp); err != nil {
+			return false
+		}
+		if !lastExpiry.IsZero() && exp.After(lastExpiry) {
+			renewals++
+		}
+		lastExpiry = exp
+		dhcp := 0
+		for _, sm := range s.since(start) {
+			if sm.dhcpSampled {
+				dhcp++
+			}
+		}
+		return renewals >= 2 && dhcp > 5
+	}, 60*time.Second, 50*time.Millisecond, "two renewals and six DHCP samples")
 	act, stb := 0, 1
 	if _, ok := agents[1].Answering(); ok {
 		act, stb = 1, 0
