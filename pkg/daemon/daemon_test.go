@@ -29,6 +29,7 @@ type stream = connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse]
 
 // fakeGateway runs script for every stream, numbered from 1.
 type fakeGateway struct {
+	nodev1connect.UnimplementedNodeGatewayServiceHandler
 	dials  atomic.Int64
 	script func(n int64, ctx context.Context, s *stream) error
 }
