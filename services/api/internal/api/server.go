@@ -79,8 +79,12 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	}
 	s.checker.SetStatus("", grpchealth.StatusNotServing)
 	s.checker.SetStatus(controlv1connect.ControlServiceName, grpchealth.StatusNotServing)
+	relay, err := newRelayDialer(cfg.RelayTokenFile)
+	if err != nil {
+		return nil, err
+	}
 	s.handler = &Handler{db: deps.DB, log: log, waiter: s.waiter, wake: cmdwake.New(deps.DB, cmdwake.DefaultInterval, log),
-		defaultTimeout: cfg.DefaultCommandTimeout, sinkEgress: cfg.SinkEgress}
+		defaultTimeout: cfg.DefaultCommandTimeout, sinkEgress: cfg.SinkEgress, relay: relay}
 	m := newMetrics(deps.Registry, s.waiter)
 
 	otelInterceptor, err := newTraceInterceptor(deps.Tracer)
