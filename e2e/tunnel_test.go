@@ -131,7 +131,7 @@ func roundTrip(st *tunnelStream, payload []byte) ([]byte, error) {
 // bytes round-trip through api, gateway and daemon with audit rows for open
 // and close; a port off the allowlist, bad input and a role without tunnels
 // are refused with typed errors; the per-node limit refuses naming its
-// flag; a shell runs through pipes; killing the gateway of an open tunnel
+// flag; an idle tunnel ends after the idle timeout; a shell runs through pipes; killing the gateway of an open tunnel
 // ends it UNAVAILABLE while the node re-homes, and a new tunnel works.
 func TestTunnels(t *testing.T) {
 	t.Parallel()
@@ -151,7 +151,7 @@ func TestTunnels(t *testing.T) {
 	gws := map[string]*proctest.Proc{}
 	for name, addr := range gwAddrs {
 		gws[name] = start("gateway", name, append([]string{"--listen-addr", addr, "--gateway.relay-listen-addr", fleettest.Addr(t),
-			"--gateway.relay-token-file", tokenFile, "--gateway.max-tunnels-per-node", "2"}, fleettest.FastGateway...)...)
+			"--gateway.relay-token-file", tokenFile, "--gateway.max-tunnels-per-node", "2", "--gateway.tunnel-idle-timeout", "5s"}, fleettest.FastGateway...)...)
 	}
 	apiAddr := fleettest.Addr(t)
 	start("api", "api_tun", "--listen-addr", apiAddr, "--api.relay-token-file", tokenFile)
@@ -285,6 +285,16 @@ func TestTunnels(t *testing.T) {
 		got, err := roundTrip(st, []byte("echo tunnel-$((6*7))\n"))
 		require.NoError(t, err)
 		require.Equal(t, "tunnel-42\n", string(got))
+		_ = st.CloseResponse()
+	})
+
+	t.Run("idle tunnel ends", func(t *testing.T) {
+		st, _ := openWhenConnected(t, "")
+		started := time.Now()
+		_, err := st.Receive() // nothing is sent: the gateway's idle timeout ends it
+		require.Equal(t, connect.CodeDeadlineExceeded, connect.CodeOf(err), "%v", err)
+		require.ErrorContains(t, err, "--gateway.tunnel-idle-timeout")
+		require.GreaterOrEqual(t, time.Since(started), 5*time.Second)
 		_ = st.CloseResponse()
 	})
 
