@@ -58,6 +58,24 @@ func echoServer(t *testing.T) uint32 {
 	return uint32(ln.Addr().(*net.TCPAddr).Port)
 }
 
+// metricValue reads one sample of p's /metrics (-1 when absent).
+func metricValue(t *testing.T, p *proctest.Proc, sample string) float64 {
+	t.Helper()
+	code, body, err := p.Get("/metrics", "")
+	if err != nil || code != http.StatusOK {
+		return -1
+	}
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, sample+" "); ok {
+			var f float64
+			if _, err := fmt.Sscan(v, &f); err == nil {
+				return f
+			}
+		}
+	}
+	return -1
+}
+
 // h2cClient speaks HTTP/2 without TLS, as bidi streams need.
 func h2cClient() *http.Client {
 	p := new(http.Protocols)
@@ -218,6 +236,15 @@ func TestTunnels(t *testing.T) {
 				ids[0], len(payload), opened.GetTunnelId()).Scan(&opens, &closes)
 			return err == nil && opens == 1 && closes == 1
 		}, 30*time.Second, 50*time.Millisecond, "one tunnel.open and one tunnel.close row with the byte counts")
+
+		gw := gws[opened.GetGatewayId()]
+		require.NotNil(t, gw, "opened names gateway %q", opened.GetGatewayId())
+		require.Eventually(t, func() bool {
+			return metricValue(t, gw, `leasehold_gateway_tunnel_bytes_total{direction="to_node"}`) >= float64(len(payload)) &&
+				metricValue(t, gw, `leasehold_gateway_tunnel_bytes_total{direction="from_node"}`) >= float64(len(payload)) &&
+				metricValue(t, gw, `leasehold_gateway_tunnels_opened_total`) >= 1 &&
+				metricValue(t, gw, `leasehold_gateway_tunnels_open`) == 0
+		}, 30*time.Second, 50*time.Millisecond, "the gateway counts the tunnel and its bytes each way, and no tunnel stays open")
 	})
 
 	t.Run("refused port, bad input, role", func(t *testing.T) {
@@ -261,6 +288,9 @@ func TestTunnels(t *testing.T) {
 		_, _, err := openTunnel(ctx, tun, echo)
 		require.Equal(t, connect.CodeResourceExhausted, connect.CodeOf(err), "%v", err)
 		require.ErrorContains(t, err, "--gateway.max-tunnels-per-node")
+		refusedA := metricValue(t, gws["gw_tun_a"], `leasehold_gateway_tunnels_refused_total{reason="max-tunnels-per-node"}`)
+		refusedB := metricValue(t, gws["gw_tun_b"], `leasehold_gateway_tunnels_refused_total{reason="max-tunnels-per-node"}`)
+		require.Equal(t, 1.0, max(refusedA, refusedB), "the node's gateway counted the one refusal (the other has no sample: -1)")
 		for _, st := range open {
 			got, err := roundTrip(st, []byte("bye"))
 			require.NoError(t, err)
