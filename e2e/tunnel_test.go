@@ -24,6 +24,8 @@ import (
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1/controlv1connect"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
+	relayv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/relay/v1"
+	"github.com/leasehold/leasehold/pkg/gen/leasehold/relay/v1/relayv1connect"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 	"github.com/leasehold/leasehold/pkg/proctest"
 )
@@ -147,7 +149,7 @@ func roundTrip(st *tunnelStream, payload []byte) ([]byte, error) {
 // TestTunnels runs two gateways (with relays) behind a balancer, an api and
 // an in-process daemon whose allowlist holds a loopback echo server's port:
 // bytes round-trip through api, gateway and daemon with audit rows for open
-// and close; a port off the allowlist, bad input and a role without tunnels
+// and close and the gateway's metrics; the relay refuses a wrong token; a port off the allowlist, bad input and a role without tunnels
 // are refused with typed errors; the per-node limit refuses naming its
 // flag; an idle tunnel ends after the idle timeout; a shell runs through pipes; killing the gateway of an open tunnel
 // ends it UNAVAILABLE while the node re-homes, and a new tunnel works.
@@ -277,6 +279,31 @@ func TestTunnels(t *testing.T) {
 		_, _, err = openTunnel(ctx, op, echo)
 		require.Equal(t, connect.CodePermissionDenied, connect.CodeOf(err), "an operator may not open tunnels: %v", err)
 		require.ErrorContains(t, err, "tunnel")
+	})
+
+	t.Run("relay refuses a wrong token", func(t *testing.T) {
+		rows, err := db.Pool.Query(ctx, `SELECT gateway_id, relay_addr FROM gateway_relays ORDER BY 1`)
+		require.NoError(t, err)
+		relays := map[string]string{}
+		for rows.Next() {
+			var id, addr string
+			require.NoError(t, rows.Scan(&id, &addr))
+			relays[id] = addr
+		}
+		require.NoError(t, rows.Err())
+		require.Len(t, relays, 2, "each gateway published its relay address")
+		for id, addr := range relays {
+			for _, tok := range []string{"", "not-the-relay-token-0123456789"} {
+				rs := relayv1connect.NewGatewayRelayServiceClient(h2cClient(), "http://"+addr).RelayTunnel(ctx)
+				if tok != "" {
+					rs.RequestHeader().Set("Authorization", "Bearer "+tok)
+				}
+				_ = rs.Send(&relayv1.RelayTunnelRequest{Open: &relayv1.RelayOpen{NodeId: ids[0], Target: portTarget(echoPort)}})
+				_, err := rs.Receive()
+				require.Equal(t, connect.CodeUnauthenticated, connect.CodeOf(err), "%s with token %q: %v", id, tok, err)
+				_ = rs.CloseResponse()
+			}
+		}
 	})
 
 	t.Run("per-node limit", func(t *testing.T) {
