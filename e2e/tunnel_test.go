@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,6 +54,45 @@ func echoServer(t *testing.T) uint32 {
 			wg.Go(func() {
 				defer func() { _ = c.Close() }()
 				_, _ = io.Copy(c, c)
+				_ = c.(*net.TCPConn).CloseWrite()
+			})
+		}
+	})
+	return uint32(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// floodServer is a loopback TCP server that writes total incompressible
+// bytes to each connection as fast as it is let, counting what its writes
+// returned.
+func floodServer(t *testing.T, total int, written *atomic.Int64) uint32 {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer func() { _ = c.Close() }()
+				go func() { _, _ = io.Copy(io.Discard, c) }()
+				// Random bytes, cycled with a period past gzip's window:
+				// compressed messages would put far fewer bytes on the
+				// wire than the target wrote and hide the windows.
+				noise := make([]byte, 1<<20)
+				_, _ = rand.Read(noise)
+				for sent := 0; sent < total; {
+					off := sent % len(noise)
+					n, err := c.Write(noise[off:min(len(noise), off+32<<10, off+total-sent)])
+					written.Add(int64(n))
+					sent += n
+					if err != nil {
+						return
+					}
+				}
 				_ = c.(*net.TCPConn).CloseWrite()
 			})
 		}
@@ -180,11 +220,14 @@ func TestTunnels(t *testing.T) {
 	op := controlClient{cc, tunnelOperator}
 
 	echoPort := echoServer(t)
+	var flooded atomic.Int64
+	const floodTotal = 64 << 20
+	floodPort := floodServer(t, floodTotal, &flooded)
 	lb := balancer(t, gwAddrs["gw_tun_a"], gwAddrs["gw_tun_b"])
 	d, err := daemon.New(daemon.Config{Address: "http://" + lb.Addr(), NodeID: ids[0], Credential: creds[0],
 		Handler:     func(context.Context, *nodev1.Command) daemon.Outcome { return daemon.Outcome{} },
 		BackoffBase: 50 * time.Millisecond, BackoffMax: 500 * time.Millisecond,
-		TunnelPorts: []uint32{echoPort}, TunnelShell: []string{"/bin/sh"}})
+		TunnelPorts: []uint32{echoPort, floodPort}, TunnelShell: []string{"/bin/sh"}})
 	require.NoError(t, err)
 	dctx, dcancel := context.WithCancel(context.Background())
 	var dwg sync.WaitGroup
@@ -342,6 +385,32 @@ func TestTunnels(t *testing.T) {
 		got, err := roundTrip(st, []byte("echo tunnel-$((6*7))\n"))
 		require.NoError(t, err)
 		require.Equal(t, "tunnel-42\n", string(got))
+		_ = st.CloseResponse()
+	})
+
+	t.Run("a caller that does not read holds the target back", func(t *testing.T) {
+		st, _, err := openTunnel(ctx, tun, &controlv1.TunnelOpen{NodeId: ids[0], Target: portTarget(floodPort)})
+		require.NoError(t, err)
+		// The target writes until every window and socket buffer on the way
+		// is full, then its writes block: wait until its count stops moving.
+		var plateau int64
+		for stable := 0; stable < 10 && ctx.Err() == nil; {
+			time.Sleep(200 * time.Millisecond) // sampling interval of the plateau watch
+			if n := flooded.Load(); n == plateau && n > 0 {
+				stable++
+			} else {
+				plateau, stable = n, 0
+			}
+		}
+		t.Logf("unread bytes in flight when the target blocked: %d (%.1f MiB) of %d", plateau, float64(plateau)/(1<<20), floodTotal)
+		require.Less(t, plateau, int64(floodTotal/2), "the relays do not buffer without bound")
+		// Reading lets the rest through.
+		drainStart := time.Now()
+		got, err := roundTrip(st, nil)
+		require.NoError(t, err)
+		require.Len(t, got, floodTotal)
+		took := time.Since(drainStart)
+		t.Logf("drained %d bytes in %s (%.1f MiB/s through daemon, gateway and api)", floodTotal, took.Round(time.Millisecond), float64(floodTotal)/(1<<20)/took.Seconds())
 		_ = st.CloseResponse()
 	})
 
