@@ -127,8 +127,11 @@ type Stats struct {
 
 // Daemon keeps a node's session.
 type Daemon struct {
-	cfg       Config
-	client    nodev1connect.NodeGatewayServiceClient
+	cfg    Config
+	client nodev1connect.NodeGatewayServiceClient
+	// tunnels opens Tunnel streams on the same connections as client,
+	// without gzip: tunnel bytes are relayed as they are.
+	tunnels   nodev1connect.NodeGatewayServiceClient
 	transport *http.Transport
 	clock     clockwork.Clock
 	log       *slog.Logger
@@ -205,6 +208,8 @@ func New(cfg Config) (*Daemon, error) {
 		httpClient = &http.Client{Transport: d.transport}
 	}
 	d.client = nodev1connect.NewNodeGatewayServiceClient(httpClient, cfg.Address, connect.WithReadMaxBytes(cfg.MaxMessageBytes))
+	d.tunnels = nodev1connect.NewNodeGatewayServiceClient(httpClient, cfg.Address, connect.WithReadMaxBytes(cfg.MaxMessageBytes),
+		connect.WithAcceptCompression("gzip", nil, nil))
 	return d, nil
 }
 

@@ -55,7 +55,7 @@ func (d *Daemon) openTunnel(ctx context.Context, ot *nodev1.OpenTunnel) {
 	}
 	tctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream := d.client.Tunnel(tctx)
+	stream := d.tunnels.Tunnel(tctx)
 	if err := stream.Send(&nodev1.TunnelRequest{Attach: attach}); err != nil || target == nil {
 		_ = stream.CloseRequest()
 		_, rerr := stream.Receive()

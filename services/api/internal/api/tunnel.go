@@ -155,7 +155,8 @@ func (h *Handler) OpenTunnel(ctx context.Context, stream *connect.BidiStream[con
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	client := relayv1connect.NewGatewayRelayServiceClient(h.relay.client, "http://"+addr,
-		connect.WithReadMaxBytes(2*maxTunnelChunk), connect.WithSendMaxBytes(2*maxTunnelChunk))
+		connect.WithReadMaxBytes(2*maxTunnelChunk), connect.WithSendMaxBytes(2*maxTunnelChunk),
+		connect.WithAcceptCompression("gzip", nil, nil)) // bytes as they are: no gzip per message
 	rs := client.RelayTunnel(rctx)
 	rs.RequestHeader().Set("Authorization", "Bearer "+h.relay.token)
 	actor := "unauthenticated"

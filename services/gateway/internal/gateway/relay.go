@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -52,7 +53,8 @@ func (g *Gateway) startRelay(ctx context.Context) error {
 	}
 	want := "Bearer " + token
 	mux := http.NewServeMux()
-	path, h := relayv1connect.NewGatewayRelayServiceHandler(g, connect.WithReadMaxBytes(2*maxTunnelChunk), connect.WithSendMaxBytes(2*maxTunnelChunk))
+	path, h := relayv1connect.NewGatewayRelayServiceHandler(g, connect.WithReadMaxBytes(2*maxTunnelChunk), connect.WithSendMaxBytes(2*maxTunnelChunk),
+		connect.WithCompressMinBytes(math.MaxInt)) // tunnel bytes are relayed as they are
 	mux.Handle(path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte(want)) != 1 {
 			g.log.Warn("relay call refused: bad or missing token", "peer", r.RemoteAddr)
