@@ -191,10 +191,22 @@ func roundTrip(st *tunnelStream, payload []byte) ([]byte, error) {
 // bytes round-trip through api, gateway and daemon with audit rows for open
 // and close and the gateway's metrics; the relay refuses a wrong token; a port off the allowlist, bad input and a role without tunnels
 // are refused with typed errors; the per-node limit refuses naming its
-// flag; an idle tunnel ends after the idle timeout; a shell runs through pipes; killing the gateway of an open tunnel
+// flag; a caller that stops reading holds the target back without stalling
+// the node's session beside it; an idle tunnel ends after the idle timeout; a shell runs through pipes; killing the gateway of an open tunnel
 // ends it UNAVAILABLE while the node re-homes, and a new tunnel works.
 func TestTunnels(t *testing.T) {
 	t.Parallel()
+	testTunnels(t, "lean")
+}
+
+// TestTunnelsStdServer is TestTunnels on net/http's HTTP/2 server of node
+// streams (--gateway.http2-server std), whose flow-control windows differ.
+func TestTunnelsStdServer(t *testing.T) {
+	t.Parallel()
+	testTunnels(t, "std")
+}
+
+func testTunnels(t *testing.T, server string) {
 	db := pgtest.NewDB(t)
 	ids, creds := fleettest.RegisterNodes(t, db.Pool, "tun", 1)
 	tokenFile := filepath.Join(t.TempDir(), "relay-token")
@@ -211,7 +223,7 @@ func TestTunnels(t *testing.T) {
 	gws := map[string]*proctest.Proc{}
 	for name, addr := range gwAddrs {
 		gws[name] = start("gateway", name, append([]string{"--listen-addr", addr, "--gateway.relay-listen-addr", fleettest.Addr(t),
-			"--gateway.relay-token-file", tokenFile, "--gateway.max-tunnels-per-node", "2", "--gateway.tunnel-idle-timeout", "5s"}, fleettest.FastGateway...)...)
+			"--gateway.relay-token-file", tokenFile, "--gateway.max-tunnels-per-node", "2", "--gateway.tunnel-idle-timeout", "10s", "--gateway.http2-server", server}, fleettest.FastGateway...)...)
 	}
 	apiAddr := fleettest.Addr(t)
 	start("api", "api_tun", "--listen-addr", apiAddr, "--api.relay-token-file", tokenFile)
@@ -404,6 +416,20 @@ func TestTunnels(t *testing.T) {
 		}
 		t.Logf("unread bytes in flight when the target blocked: %d (%.1f MiB) of %d", plateau, float64(plateau)/(1<<20), floodTotal)
 		require.Less(t, plateau, int64(floodTotal/2), "the relays do not buffer without bound")
+		// A stalled tunnel shares the node's connection with its session
+		// but not its flow-control window: the session lives on through
+		// more than three heartbeat intervals (FastGateway: 1 s) of stall.
+		var epoch int64
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT session_epoch FROM node_sessions WHERE node_id = $1`, ids[0]).Scan(&epoch))
+		for watch := time.Now(); time.Since(watch) < 4*time.Second; {
+			var now int64
+			var state string
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT session_epoch, state FROM node_sessions WHERE node_id = $1`, ids[0]).Scan(&now, &state))
+			require.Equal(t, epoch, now, "the node's session was replaced during the stall")
+			require.Equal(t, "connected", state)
+			time.Sleep(200 * time.Millisecond) // sampling interval of the watch
+		}
+		require.Equal(t, plateau, flooded.Load(), "still held back")
 		// Reading lets the rest through.
 		drainStart := time.Now()
 		got, err := roundTrip(st, nil)
@@ -420,7 +446,7 @@ func TestTunnels(t *testing.T) {
 		_, err := st.Receive() // nothing is sent: the gateway's idle timeout ends it
 		require.Equal(t, connect.CodeDeadlineExceeded, connect.CodeOf(err), "%v", err)
 		require.ErrorContains(t, err, "--gateway.tunnel-idle-timeout")
-		require.GreaterOrEqual(t, time.Since(started), 5*time.Second)
+		require.GreaterOrEqual(t, time.Since(started), 10*time.Second)
 		_ = st.CloseResponse()
 	})
 

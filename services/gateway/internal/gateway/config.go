@@ -225,6 +225,14 @@ func (c *Config) Validate() error {
 	if c.MaxTunnelsPerNode < 1 || c.MaxTunnels < c.MaxTunnelsPerNode {
 		errs = append(errs, fmt.Errorf("--gateway.max-tunnels-per-node %d must be at least 1 and at most --gateway.max-tunnels %d", c.MaxTunnelsPerNode, c.MaxTunnels))
 	}
+	// A node's tunnels share its session's HTTP/2 connection: beside the
+	// session stream they must fit in its stream limit (or a Tunnel stream
+	// opens a new connection, which the balancer may send to another
+	// gateway), and their stalled receive windows must leave the session
+	// connection window to spare.
+	if c.MaxTunnelsPerNode > maxConnStreams-1 {
+		errs = append(errs, fmt.Errorf("--gateway.max-tunnels-per-node %d must be at most %d (the streams of one node connection, less its session)", c.MaxTunnelsPerNode, maxConnStreams-1))
+	}
 	if c.TunnelIdleTimeout < time.Second || c.TunnelAttachTimeout < 100*time.Millisecond {
 		errs = append(errs, fmt.Errorf("--gateway.tunnel-idle-timeout %s must be at least 1s and --gateway.tunnel-attach-timeout %s at least 100ms", c.TunnelIdleTimeout, c.TunnelAttachTimeout))
 	}

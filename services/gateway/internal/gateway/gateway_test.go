@@ -41,6 +41,9 @@ func TestConfigRefusesBadOrderings(t *testing.T) {
 	c.MaxTunnelsPerNode, c.MaxTunnels = 8, 4
 	require.ErrorContains(t, c.Validate(), "--gateway.max-tunnels-per-node 8 must be at least 1 and at most --gateway.max-tunnels 4")
 	c = Defaults()
+	c.MaxTunnelsPerNode = 16
+	require.ErrorContains(t, c.Validate(), "--gateway.max-tunnels-per-node 16 must be at most 15")
+	c = Defaults()
 	c.TunnelIdleTimeout = 0
 	require.ErrorContains(t, c.Validate(), "--gateway.tunnel-idle-timeout 0s must be at least 1s")
 }
