@@ -53,7 +53,7 @@ const (
 	maxConnStreams = 16
 	// stdStreamWindow is a stream's receive window on net/http's server.
 	stdStreamWindow = 256 << 10
-	maxHeaderBytes = 64 << 10
+	maxHeaderBytes  = 64 << 10
 )
 
 // newServer builds the HTTP/2 server of node streams.
