@@ -292,6 +292,10 @@ func (g *Gateway) relay(ctx context.Context, t *tunnel, api *relayStream, d *dae
 				results <- result{"from_node", connect.NewError(connect.CodeUnavailable, fmt.Errorf("node %s's tunnel stream ended: %w", t.nodeID, err))}
 				return
 			}
+			if len(m.GetData()) > maxTunnelChunk {
+				results <- result{"from_node", connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("node %s sent %d bytes in one tunnel message, more than %d", t.nodeID, len(m.GetData()), maxTunnelChunk))}
+				return
+			}
 			if len(m.GetData()) == 0 {
 				continue
 			}
