@@ -244,8 +244,9 @@ func (g *Gateway) detail() any {
 	return map[string]any{
 		"id": g.id, "lease": l.Name, "epoch": l.Epoch, "held": held, "expires_at": l.ExpiresAt,
 		"sessions": g.SessionCount(), "streams": g.streams.Load(), "pending_hellos": g.pending.Load(),
-		"state":  [...]string{"starting", "serving", "draining", "fenced"}[g.state.Load()],
-		"notify": g.notifyURL != "",
+		"state":   [...]string{"starting", "serving", "draining", "fenced"}[g.state.Load()],
+		"notify":  g.notifyURL != "",
+		"tunnels": g.tunnelCount(), "relay": g.RelayAddr(),
 	}
 }
 

@@ -79,7 +79,8 @@ type tunnelTable struct {
 	byNode map[string]int
 }
 
-// reserve registers t unless a limit is reached; the error names the limit.
+// reserveTunnel registers t unless a limit is reached; the error names the
+// limit. releaseTunnel gives the slot back.
 func (g *Gateway) reserveTunnel(t *tunnel) *connect.Error {
 	tt := &g.tunnels
 	tt.mu.Lock()
@@ -109,6 +110,13 @@ func (g *Gateway) releaseTunnel(t *tunnel) {
 		delete(tt.byNode, t.nodeID)
 	}
 	g.m.tunnelsOpen.Set(float64(len(tt.byID)))
+}
+
+// tunnelCount is the number of tunnels attaching or open.
+func (g *Gateway) tunnelCount() int {
+	g.tunnels.mu.Lock()
+	defer g.tunnels.mu.Unlock()
+	return len(g.tunnels.byID)
 }
 
 // killTunnelsOf ends the tunnels riding session s (its stream ended).
