@@ -246,7 +246,7 @@ func (g *Gateway) detail() any {
 		"sessions": g.SessionCount(), "streams": g.streams.Load(), "pending_hellos": g.pending.Load(),
 		"state":   [...]string{"starting", "serving", "draining", "fenced"}[g.state.Load()],
 		"notify":  g.notifyURL != "",
-		"tunnels": g.tunnelCount(), "relay": g.RelayAddr(),
+		"tunnels": g.tunnelCount(),
 	}
 }
 
