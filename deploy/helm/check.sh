@@ -38,6 +38,7 @@ while read -r set want; do
 done <<'CASES'
 gateway.maxStreams=lots maxStreams
 gateway.maxStreams=0 maxStreams
+tunnels.maxPerNode=16 maxPerNode
 gateway.replica=3 replica
 gateway.replicas=-1 replicas
 gateway.helloRate=0 helloRate
@@ -91,6 +92,10 @@ grep -q -- '--tls-cert=' "$work/lb.yaml" || fail "gateway LoadBalancer with TLS 
 render --set api.service.type=LoadBalancer --set api.tls.secretName=api-tls >/dev/null ||
 	fail "api LoadBalancer with TLS was refused"
 render -f "$chart/values-ha.yaml" >/dev/null || fail "values-ha.yaml was refused"
+render --set tunnels.enabled=true >"$work/tunnels.yaml" || fail "tunnels.enabled was refused"
+grep -q -- '--gateway.relay-advertise-addr=$(POD_IP):9444' "$work/tunnels.yaml" || fail "tunnels: the gateway does not advertise its pod IP"
+grep -q -- '--api.relay-token-file=/etc/leasehold/relay-token/token' "$work/tunnels.yaml" || fail "tunnels: the api has no relay token"
+grep -q 'relay-token' "$work/default.yaml" && fail "tunnels are off by default, yet a relay token is mounted"
 
 echo "== monitoring objects follow the cluster's APIs"
 mon=(--api-versions monitoring.coreos.com/v1/ServiceMonitor --api-versions monitoring.coreos.com/v1/PrometheusRule)

@@ -37,11 +37,14 @@ const (
 	RoleViewer
 	// RoleOperator also runs the fleet: commands and pool leases.
 	RoleOperator
+	// RoleTunnel also opens interactive tunnels to nodes (OpenTunnel): a
+	// port on a node's loopback or its shell.
+	RoleTunnel
 	// RoleAdmin also changes its shape: nodes, pools and sinks.
 	RoleAdmin
 )
 
-var roleNames = map[string]Role{"viewer": RoleViewer, "operator": RoleOperator, "admin": RoleAdmin}
+var roleNames = map[string]Role{"viewer": RoleViewer, "operator": RoleOperator, "tunnel": RoleTunnel, "admin": RoleAdmin}
 
 func (r Role) String() string {
 	switch r {
@@ -49,6 +52,8 @@ func (r Role) String() string {
 		return "viewer"
 	case RoleOperator:
 		return "operator"
+	case RoleTunnel:
+		return "tunnel"
 	case RoleAdmin:
 		return "admin"
 	default:
@@ -59,12 +64,12 @@ func (r Role) String() string {
 // Allows reports whether r may do what needs role need.
 func (r Role) Allows(need Role) bool { return r != RoleNone && r >= need }
 
-// ParseRole parses "viewer", "operator" or "admin".
+// ParseRole parses "viewer", "operator", "tunnel" or "admin".
 func ParseRole(s string) (Role, error) {
 	if r, ok := roleNames[s]; ok {
 		return r, nil
 	}
-	return RoleNone, fmt.Errorf("unknown role %q: must be viewer, operator or admin", s)
+	return RoleNone, fmt.Errorf("unknown role %q: must be viewer, operator, tunnel or admin", s)
 }
 
 // Token limits: long enough to be unguessable, short enough to bound work.

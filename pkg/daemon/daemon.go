@@ -99,6 +99,14 @@ type Config struct {
 	// (1 MiB); past it pieces are dropped and counted in Stats.
 	MaxUnsentOutput int
 
+	// TunnelPorts are the loopback TCP ports an operator may open a tunnel
+	// to (OpenTunnel); none by default: every port is refused
+	// PERMISSION_DENIED.
+	TunnelPorts []uint32
+	// TunnelShell is the argv of the shell a shell tunnel runs, with pipes
+	// (no pty), e.g. ["/bin/sh"]; empty refuses shell tunnels.
+	TunnelShell []string
+
 	// Clock and Rand are injectable for tests.
 	Clock clockwork.Clock
 	Rand  func() float64
@@ -113,12 +121,17 @@ type Stats struct {
 	// Cancels counts CancelCommand messages received; DroppedOutput the
 	// bytes of live output dropped because no session was open for long.
 	Cancels, DroppedOutput int64
+	// TunnelsOpened and TunnelsRefused count tunnels attached and refused.
+	TunnelsOpened, TunnelsRefused int64
 }
 
 // Daemon keeps a node's session.
 type Daemon struct {
-	cfg       Config
-	client    nodev1connect.NodeGatewayServiceClient
+	cfg    Config
+	client nodev1connect.NodeGatewayServiceClient
+	// tunnels opens Tunnel streams on the same connections as client,
+	// without gzip: tunnel bytes are relayed as they are.
+	tunnels   nodev1connect.NodeGatewayServiceClient
 	transport *http.Transport
 	clock     clockwork.Clock
 	log       *slog.Logger
@@ -126,6 +139,7 @@ type Daemon struct {
 
 	dials, welcomes, pushbacks, drains, executions, replays atomic.Int64
 	cancels, droppedOutput                                  atomic.Int64
+	tunnelsOpened, tunnelsRefused                           atomic.Int64
 
 	mu      sync.Mutex
 	running map[string]*execution
@@ -194,6 +208,8 @@ func New(cfg Config) (*Daemon, error) {
 		httpClient = &http.Client{Transport: d.transport}
 	}
 	d.client = nodev1connect.NewNodeGatewayServiceClient(httpClient, cfg.Address, connect.WithReadMaxBytes(cfg.MaxMessageBytes))
+	d.tunnels = nodev1connect.NewNodeGatewayServiceClient(httpClient, cfg.Address, connect.WithReadMaxBytes(cfg.MaxMessageBytes),
+		connect.WithAcceptCompression("gzip", nil, nil))
 	return d, nil
 }
 
@@ -251,7 +267,8 @@ func newTransport(cfg Config) *http.Transport {
 func (d *Daemon) Stats() Stats {
 	return Stats{Dials: d.dials.Load(), Welcomes: d.welcomes.Load(), Pushbacks: d.pushbacks.Load(),
 		Drains: d.drains.Load(), Executions: d.executions.Load(), Replays: d.replays.Load(),
-		Cancels: d.cancels.Load(), DroppedOutput: d.droppedOutput.Load()}
+		Cancels: d.cancels.Load(), DroppedOutput: d.droppedOutput.Load(),
+		TunnelsOpened: d.tunnelsOpened.Load(), TunnelsRefused: d.tunnelsRefused.Load()}
 }
 
 // Welcome is the current session's Welcome, nil when not connected.
@@ -437,6 +454,10 @@ func (d *Daemon) session(ctx context.Context) sessionEnd {
 			d.handleCommand(ctx, m.Command)
 		case *nodev1.ConnectResponse_CancelCommand:
 			d.handleCancel(m.CancelCommand)
+		case *nodev1.ConnectResponse_OpenTunnel:
+			// On the session's context: a tunnel ends with its session.
+			d.wg.Add(1)
+			go d.openTunnel(sctx, m.OpenTunnel)
 		case *nodev1.ConnectResponse_NodeSpecUpdate:
 			if d.cfg.OnSpec != nil && m.NodeSpecUpdate.GetSpec() != nil {
 				d.cfg.OnSpec(m.NodeSpecUpdate.GetSpec())

@@ -29,8 +29,18 @@ type stream = connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse]
 
 // fakeGateway runs script for every stream, numbered from 1.
 type fakeGateway struct {
+	nodev1connect.UnimplementedNodeGatewayServiceHandler
 	dials  atomic.Int64
 	script func(n int64, ctx context.Context, s *stream) error
+	// tunnel serves Tunnel streams when set.
+	tunnel func(ctx context.Context, s *connect.BidiStream[nodev1.TunnelRequest, nodev1.TunnelResponse]) error
+}
+
+func (f *fakeGateway) Tunnel(ctx context.Context, s *connect.BidiStream[nodev1.TunnelRequest, nodev1.TunnelResponse]) error {
+	if f.tunnel == nil {
+		return connect.NewError(connect.CodeUnimplemented, errors.New("no tunnels"))
+	}
+	return f.tunnel(ctx, s)
 }
 
 func (f *fakeGateway) Connect(ctx context.Context, s *stream) error {

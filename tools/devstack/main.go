@@ -41,6 +41,11 @@ const devToken = "dev-health-token"
 // apiToken is the development admin token of the api (never use it elsewhere).
 const apiToken = "dev-admin-token-change-me"
 
+// relayToken is the development token of the gateway's tunnel relay, written
+// to a temporary file (removed on exit) for the gateway and the api (never
+// use it elsewhere).
+const relayToken = "dev-relay-token-change-me"
+
 // options are devstack's flags.
 type options struct {
 	dir, bin                      string
@@ -255,8 +260,24 @@ func planServices(o options, picker *portPicker) ([]service, error) {
 }
 
 func runServices(ctx context.Context, logger *slog.Logger, o options, stack []service, url string) error {
+	// Tunnels work out of the box: the gateway relays on a free loopback
+	// port it publishes, the api dials it with the shared token.
+	f, err := os.CreateTemp("", "leasehold-dev-relay-token-*")
+	if err != nil {
+		return fmt.Errorf("relay token file: %w", err)
+	}
+	relayFile := f.Name()
+	defer func() { _ = os.Remove(relayFile) }()
+	_, err = f.WriteString(relayToken + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("write the relay token file: %w", err)
+	}
 	env := append(os.Environ(), "LEASEHOLD_DATABASE_URL="+url, "LEASEHOLD_HEALTH_TOKEN="+devToken,
-		"LEASEHOLD_API_TOKENS=admin:"+apiToken)
+		"LEASEHOLD_API_TOKENS=admin:"+apiToken, "LEASEHOLD_GATEWAY_RELAY_LISTEN_ADDR=127.0.0.1:0",
+		"LEASEHOLD_GATEWAY_RELAY_TOKEN_FILE="+relayFile, "LEASEHOLD_API_RELAY_TOKEN_FILE="+relayFile)
 	runCtx, stopAll := context.WithCancel(ctx)
 	defer stopAll()
 	var wg sync.WaitGroup

@@ -50,6 +50,9 @@ var requiredRoles = map[string]apiauth.Role{
 	controlv1connect.ControlServiceDrainNodeProcedure:        apiauth.RoleAdmin,
 	controlv1connect.ControlServiceDecommissionNodeProcedure: apiauth.RoleAdmin,
 	controlv1connect.ControlServiceListAuditEventsProcedure:  apiauth.RoleAdmin,
+
+	// Interactive tunnels (issue 19): a role of their own, above operator.
+	controlv1connect.ControlServiceOpenTunnelProcedure: apiauth.RoleTunnel,
 }
 
 // RequiredRole is the least role allowed to call procedure.

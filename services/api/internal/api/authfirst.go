@@ -2,11 +2,15 @@ package api
 
 import (
 	"compress/gzip"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"connectrpc.com/connect"
+
+	"github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1/controlv1connect"
 )
 
 // authenticateFirst puts the bearer-token check in front of ControlService
@@ -30,6 +34,18 @@ func authenticateFirst(auth *authInterceptor, m *metrics, maxMessage int64, next
 			}
 			m.requests.WithLabelValues(proc, connect.CodeOf(err).String()).Inc()
 			_ = errs.Write(w, r, err)
+			return
+		}
+		if r.URL.Path == controlv1connect.ControlServiceOpenTunnelProcedure {
+			// A tunnel's body is its whole upstream and it lives as long as
+			// it carries bytes (the gateway's idle timeout ends it): each
+			// message is bounded by the read limit, the stream by nothing,
+			// and the server's read and write timeouts do not apply. The
+			// body is kept to break a pending Receive when the tunnel ends.
+			rc := http.NewResponseController(w)
+			_ = rc.SetReadDeadline(time.Time{})
+			_ = rc.SetWriteDeadline(time.Time{})
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tunnelBodyKey{}, r.Body)))
 			return
 		}
 		// One message plus envelope headers and an end-of-stream frame.

@@ -49,6 +49,9 @@ type Config struct {
 	// ReloadInterval is how often the tokens file and the TLS files are
 	// re-read; a change takes effect without a restart (0: 10s).
 	ReloadInterval time.Duration
+	// RelayTokenFile holds the shared bearer token of the gateways' tunnel
+	// relays (their --gateway.relay-token-file); "" refuses OpenTunnel.
+	RelayTokenFile string
 }
 
 // RegisterFlags registers the api flags on f, each name under prefix.
@@ -64,6 +67,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	c.SinkEgress.LoopbackFlag, c.SinkEgress.PrivateFlag = "--api.sink-allow-loopback", "--api.sink-allow-private"
 	f.BoolVar(&c.SinkEgress.AllowLoopback, prefix+"api.sink-allow-loopback", false, "accept sink URLs on loopback (tests and single-machine development only)")
 	f.BoolVar(&c.SinkEgress.AllowPrivate, prefix+"api.sink-allow-private", false, "accept sink URLs on private addresses (RFC 1918, 100.64.0.0/10, fc00::/7); metadata and link-local stay refused")
+	f.StringVar(&c.RelayTokenFile, prefix+"api.relay-token-file", "", "file holding the shared token of the gateways' tunnel relays (--gateway.relay-token-file); empty refuses OpenTunnel")
 	f.DurationVar(&c.ReloadInterval, prefix+"api.reload-interval", 10*time.Second, "how often --tokens-file, --api.tls-cert and --api.tls-key are re-read (a change applies without restart)")
 }
 

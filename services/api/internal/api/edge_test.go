@@ -2,7 +2,9 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -420,6 +422,20 @@ func TestInvalidArgumentsWriteNothing(t *testing.T) {
 			}
 			return st.Err()
 		}},
+		{"tunnel bad node", "open.node_id", func() error {
+			return openTunnelErr(ctx, b, &controlv1.OpenTunnelRequest{Open: &controlv1.TunnelOpen{NodeId: "a b",
+				Target: &controlv1.TunnelTarget{Kind: &controlv1.TunnelTarget_Port{Port: 22}}}})
+		}},
+		{"tunnel port zero", "open.target.port", func() error {
+			return openTunnelErr(ctx, b, &controlv1.OpenTunnelRequest{Open: &controlv1.TunnelOpen{NodeId: "node-1",
+				Target: &controlv1.TunnelTarget{Kind: &controlv1.TunnelTarget_Port{Port: 0}}}})
+		}},
+		{"tunnel no target", "open.target", func() error {
+			return openTunnelErr(ctx, b, &controlv1.OpenTunnelRequest{Open: &controlv1.TunnelOpen{NodeId: "node-1"}})
+		}},
+		{"tunnel no open", "open", func() error {
+			return openTunnelErr(ctx, b, &controlv1.OpenTunnelRequest{Data: []byte("x")})
+		}},
 		{"list workers group", "group", func() error {
 			_, err := v.ListWorkers(ctx, connect.NewRequest(&controlv1.ListWorkersRequest{Group: "a b"}))
 			return err
@@ -493,6 +509,24 @@ func TestInvalidArgumentsWriteNothing(t *testing.T) {
 		n := testutil.ToFloat64(b.svcMetric(procedure(m), "invalid_argument"))
 		require.Positive(t, n, "no invalid-argument case for %s", m)
 	}
+}
+
+// openTunnelErr sends first as OpenTunnel's first message and returns the
+// error of the first response, as an admin over h2c (bidi streams need
+// HTTP/2).
+func openTunnelErr(ctx context.Context, b *bundle, first *controlv1.OpenTunnelRequest) error {
+	p := new(http.Protocols)
+	p.SetUnencryptedHTTP2(true)
+	c := controlv1connect.NewControlServiceClient(&http.Client{Transport: &http.Transport{Protocols: p}}, b.base,
+		connect.WithInterceptors(bearer(adminToken)))
+	st := c.OpenTunnel(ctx)
+	defer func() { _ = st.CloseResponse() }()
+	if err := st.Send(first); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	_ = st.CloseRequest()
+	_, err := st.Receive()
+	return err
 }
 
 // TestAuthOnEveryMethod: no token or an unknown one is UNAUTHENTICATED on

@@ -35,6 +35,8 @@ type Handler struct {
 	// sinkEgress judges sink URLs at creation (the worker judges the
 	// resolved address again at delivery).
 	sinkEgress egress.Policy
+	// relay reaches gateways' tunnel relays; nil refuses OpenTunnel.
+	relay *relayDialer
 }
 
 var _ controlv1connect.ControlServiceHandler = (*Handler)(nil)

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -25,6 +26,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/leasehold/leasehold/pkg/cmdwake"
+	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1/controlv1connect"
 	"github.com/leasehold/leasehold/pkg/health"
 )
@@ -79,8 +81,12 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	}
 	s.checker.SetStatus("", grpchealth.StatusNotServing)
 	s.checker.SetStatus(controlv1connect.ControlServiceName, grpchealth.StatusNotServing)
+	relay, err := newRelayDialer(cfg.RelayTokenFile)
+	if err != nil {
+		return nil, err
+	}
 	s.handler = &Handler{db: deps.DB, log: log, waiter: s.waiter, wake: cmdwake.New(deps.DB, cmdwake.DefaultInterval, log),
-		defaultTimeout: cfg.DefaultCommandTimeout, sinkEgress: cfg.SinkEgress}
+		defaultTimeout: cfg.DefaultCommandTimeout, sinkEgress: cfg.SinkEgress, relay: relay}
 	m := newMetrics(deps.Registry, s.waiter)
 
 	otelInterceptor, err := newTraceInterceptor(deps.Tracer)
@@ -89,14 +95,21 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	}
 	auth := &authInterceptor{keys: keys, log: log}
 	mux := http.NewServeMux()
-	path, control := controlv1connect.NewControlServiceHandler(s.handler,
+	handlerOpts := []connect.HandlerOption{
 		connect.WithInterceptors(otelInterceptor, m.interceptor(), auth),
 		connect.WithReadMaxBytes(cfg.MaxMessageBytes),
 		connect.WithCompressMinBytes(1024),
 		boundedGzip(int64(cfg.MaxMessageBytes)),
-	)
+	}
+	path, control := controlv1connect.NewControlServiceHandler(s.handler, handlerOpts...)
 	// The token is checked before the body is read or decompressed.
 	mux.Handle(path, authenticateFirst(auth, m, int64(cfg.MaxMessageBytes), control))
+	// OpenTunnel on its own handler: a tunnel's bytes are relayed as they
+	// are (mostly already compressed or encrypted), never gzipped per message.
+	mux.Handle(controlv1connect.ControlServiceOpenTunnelProcedure, authenticateFirst(auth, m, int64(cfg.MaxMessageBytes),
+		connect.NewBidiStreamHandler(controlv1connect.ControlServiceOpenTunnelProcedure, s.handler.OpenTunnel,
+			connect.WithSchema(controlv1.File_leasehold_control_v1_control_proto.Services().ByName("ControlService").Methods().ByName("OpenTunnel")),
+			connect.WithHandlerOptions(handlerOpts...), connect.WithCompressMinBytes(math.MaxInt))))
 	mux.Handle(grpchealth.NewHandler(s.checker))
 	reflector := grpcreflect.NewStaticReflector(controlv1connect.ControlServiceName, grpchealth.HealthV1ServiceName)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))

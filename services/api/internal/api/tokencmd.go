@@ -30,7 +30,7 @@ func TokenCommand(args []string, stdout, stderr io.Writer) int {
 	}
 	fs := flag.NewFlagSet("leasehold-api token create", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	roleName := fs.String("role", "", "role of the new token: viewer, operator or admin (required)")
+	roleName := fs.String("role", "", "role of the new token: viewer, operator, tunnel or admin (required)")
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -42,7 +42,7 @@ func TokenCommand(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if *roleName == "" {
-		fmt.Fprintln(stderr, "leasehold-api token create: --role is required (viewer, operator or admin)")
+		fmt.Fprintln(stderr, "leasehold-api token create: --role is required (viewer, operator, tunnel or admin)")
 		return 2
 	}
 	role, err := apiauth.ParseRole(*roleName)

@@ -77,6 +77,28 @@ type Config struct {
 	// OutputCap is how many bytes of a command's live output are stored;
 	// past it a truncation marker is stored and the rest dropped.
 	OutputCap int64
+
+	// RelayListenAddr serves GatewayRelayService, the api's tunnel relay
+	// (h2c, authenticated with the shared token of RelayTokenFile); ""
+	// relays no tunnels.
+	RelayListenAddr string
+	// RelayAdvertiseAddr is the host:port api replicas dial to reach the
+	// relay (default: the address RelayListenAddr bound); it is stored in
+	// gateway_relays under the gateway lease.
+	RelayAdvertiseAddr string
+	// RelayTokenFile holds the shared bearer token of the relay; required
+	// with RelayListenAddr.
+	RelayTokenFile string
+	// MaxTunnelsPerNode and MaxTunnels bound the tunnels open at once to one
+	// node and through this gateway; past them OpenTunnel is refused
+	// RESOURCE_EXHAUSTED naming the limit.
+	MaxTunnelsPerNode, MaxTunnels int
+	// TunnelIdleTimeout ends a tunnel that carried no byte either way for
+	// this long (DEADLINE_EXCEEDED).
+	TunnelIdleTimeout time.Duration
+	// TunnelAttachTimeout bounds the wait for the daemon to connect the
+	// target and attach its Tunnel stream.
+	TunnelAttachTimeout time.Duration
 }
 
 // RegisterFlags registers the gateway flags on f, each name under prefix, with their defaults.
@@ -105,6 +127,13 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.StringVar(&c.HTTP2Server, prefix+"gateway.http2-server", HTTP2Lean, "HTTP/2 server of node streams: lean (internal/h2serve, least memory per session) or std (net/http)")
 	f.DurationVar(&c.DrainGrace, prefix+"gateway.drain-grace", 5*time.Second, "extra wait after the drain delay before closing the remaining streams")
 	f.StringVar(&c.MinDaemonVersion, prefix+"gateway.min-daemon-version", "", "refuse daemons older than this semantic version (e.g. v1.4.0), and those reporting none, with FAILED_PRECONDITION and a 5-10 min retry-after; empty accepts every version")
+	f.StringVar(&c.RelayListenAddr, prefix+"gateway.relay-listen-addr", "", "address of the tunnel relay the api dials (h2c, shared token; keep it on a private network); empty relays no tunnels")
+	f.StringVar(&c.RelayAdvertiseAddr, prefix+"gateway.relay-advertise-addr", "", "host:port api replicas dial to reach the relay (default: the address --gateway.relay-listen-addr bound)")
+	f.StringVar(&c.RelayTokenFile, prefix+"gateway.relay-token-file", "", "file holding the relay's shared bearer token (the api's --api.relay-token-file); required with --gateway.relay-listen-addr")
+	f.IntVar(&c.MaxTunnelsPerNode, prefix+"gateway.max-tunnels-per-node", 4, "tunnels open at once to one node")
+	f.IntVar(&c.MaxTunnels, prefix+"gateway.max-tunnels", 256, "tunnels open at once through this gateway")
+	f.DurationVar(&c.TunnelIdleTimeout, prefix+"gateway.tunnel-idle-timeout", 5*time.Minute, "end a tunnel that carried no byte for this long")
+	f.DurationVar(&c.TunnelAttachTimeout, prefix+"gateway.tunnel-attach-timeout", 15*time.Second, "how long the daemon may take to connect a tunnel's target and attach")
 	f.Int64Var(&c.OutputCap, prefix+"gateway.output-cap", 1<<20, "bytes of live output stored per command; past it a truncation marker is stored and the rest dropped")
 }
 
@@ -189,6 +218,23 @@ func (c *Config) Validate() error {
 	}
 	if c.OutputCap < 1024 || c.OutputCap > 1<<30 {
 		errs = append(errs, fmt.Errorf("--gateway.output-cap %d must be in 1024..%d", c.OutputCap, 1<<30))
+	}
+	if c.RelayListenAddr != "" && c.RelayTokenFile == "" {
+		errs = append(errs, fmt.Errorf("--gateway.relay-listen-addr %q needs --gateway.relay-token-file", c.RelayListenAddr))
+	}
+	if c.MaxTunnelsPerNode < 1 || c.MaxTunnels < c.MaxTunnelsPerNode {
+		errs = append(errs, fmt.Errorf("--gateway.max-tunnels-per-node %d must be at least 1 and at most --gateway.max-tunnels %d", c.MaxTunnelsPerNode, c.MaxTunnels))
+	}
+	// A node's tunnels share its session's HTTP/2 connection: beside the
+	// session stream they must fit in its stream limit (or a Tunnel stream
+	// opens a new connection, which the balancer may send to another
+	// gateway), and their stalled receive windows must leave the session
+	// connection window to spare.
+	if c.MaxTunnelsPerNode > maxConnStreams-1 {
+		errs = append(errs, fmt.Errorf("--gateway.max-tunnels-per-node %d must be at most %d (the streams of one node connection, less its session)", c.MaxTunnelsPerNode, maxConnStreams-1))
+	}
+	if c.TunnelIdleTimeout < time.Second || c.TunnelAttachTimeout < 100*time.Millisecond {
+		errs = append(errs, fmt.Errorf("--gateway.tunnel-idle-timeout %s must be at least 1s and --gateway.tunnel-attach-timeout %s at least 100ms", c.TunnelIdleTimeout, c.TunnelAttachTimeout))
 	}
 	if c.HTTP2Server != HTTP2Lean && c.HTTP2Server != HTTP2Std {
 		errs = append(errs, fmt.Errorf("--gateway.http2-server %q must be %q or %q", c.HTTP2Server, HTTP2Lean, HTTP2Std))

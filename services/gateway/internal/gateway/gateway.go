@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -119,6 +120,12 @@ type Gateway struct {
 
 	tls    *reload.TLS // nil: h2c
 	tracer trace.Tracer
+
+	// tunnels are the open tunnels (tunnel.go); relayLn and relaySrv the
+	// relay listener (relay.go), nil without --gateway.relay-listen-addr.
+	tunnels  tunnelTable
+	relayLn  net.Listener
+	relaySrv *http.Server
 }
 
 // New builds a gateway; it listens and takes its lease when started.
@@ -158,6 +165,7 @@ func New(cfg Config, deps Deps) (_ *Gateway, err error) {
 		limiter:       rate.NewLimiter(rate.Limit(cfg.HelloRate), cfg.HelloBurst),
 		checker:       grpchealth.NewStaticChecker(nodev1connect.NodeGatewayServiceName),
 		sessions:      map[string]*session{},
+		tunnels:       tunnelTable{byID: map[string]*tunnel{}, byNode: map[string]int{}},
 		fencedCh:      make(chan struct{}),
 		dispatchWaker: newNodeWaker(), specWaker: newNodeWaker(), ingest: newIngester(),
 		tracer:           tracing.TracerProvider(deps.Tracer).Tracer(tracerName),
@@ -236,8 +244,9 @@ func (g *Gateway) detail() any {
 	return map[string]any{
 		"id": g.id, "lease": l.Name, "epoch": l.Epoch, "held": held, "expires_at": l.ExpiresAt,
 		"sessions": g.SessionCount(), "streams": g.streams.Load(), "pending_hellos": g.pending.Load(),
-		"state":  [...]string{"starting", "serving", "draining", "fenced"}[g.state.Load()],
-		"notify": g.notifyURL != "",
+		"state":   [...]string{"starting", "serving", "draining", "fenced"}[g.state.Load()],
+		"notify":  g.notifyURL != "",
+		"tunnels": g.tunnelCount(),
 	}
 }
 
@@ -268,6 +277,10 @@ func (g *Gateway) starting(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen on --listen-addr %s: %w", g.cfg.ListenAddr, err)
 	}
+	if err := g.startRelay(ctx); err != nil {
+		_ = ln.Close()
+		return err
+	}
 	g.ln, g.srv = ln, srv
 	l, _ := g.keeper.Current()
 	g.state.Store(stateServing)
@@ -296,6 +309,7 @@ func (g *Gateway) running(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 		g.stopping.Store(true)
+		g.stopRelay()
 		g.drain(serveErr)
 		stopLoops()
 		g.stopKeeper()
@@ -312,6 +326,7 @@ func (g *Gateway) running(ctx context.Context) error {
 		// streams end, and exit non-zero so the supervisor restarts us.
 		g.stopKeeper()
 		g.keeper.Drop("node stream server failed")
+		g.stopRelay()
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = g.srv.Shutdown(shutdownCtx)
 		cancel()

@@ -31,6 +31,21 @@ func TestConfigRefusesBadOrderings(t *testing.T) {
 	require.Equal(t, HTTP2Lean, c.HTTP2Server)
 	c.HTTP2Server = "fast"
 	require.ErrorContains(t, c.Validate(), `--gateway.http2-server "fast" must be "lean" or "std"`)
+
+	// Tunnels: the relay needs its token; per-node fits in per-gateway.
+	c = Defaults()
+	require.Empty(t, c.RelayListenAddr, "no relay unless asked for")
+	c.RelayListenAddr = "127.0.0.1:0"
+	require.ErrorContains(t, c.Validate(), `--gateway.relay-listen-addr "127.0.0.1:0" needs --gateway.relay-token-file`)
+	c = Defaults()
+	c.MaxTunnelsPerNode, c.MaxTunnels = 8, 4
+	require.ErrorContains(t, c.Validate(), "--gateway.max-tunnels-per-node 8 must be at least 1 and at most --gateway.max-tunnels 4")
+	c = Defaults()
+	c.MaxTunnelsPerNode = 16
+	require.ErrorContains(t, c.Validate(), "--gateway.max-tunnels-per-node 16 must be at most 15")
+	c = Defaults()
+	c.TunnelIdleTimeout = 0
+	require.ErrorContains(t, c.Validate(), "--gateway.tunnel-idle-timeout 0s must be at least 1s")
 }
 
 // TestSlowNodeQueueOverflowClosesSession: messages queued past maxQueued

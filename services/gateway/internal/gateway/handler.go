@@ -461,6 +461,7 @@ func (g *Gateway) serveSession(ctx context.Context, stream *connect.BidiStream[n
 		}
 	}
 	reason := s.finish()
+	g.killTunnelsOf(s, "stream closed")
 	g.mu.Lock()
 	mine := g.sessions[s.nodeID] == s
 	if mine {

@@ -26,6 +26,11 @@ type metrics struct {
 	specPushes      prometheus.Counter
 	outputBytes     *prometheus.CounterVec
 	cancels         *prometheus.CounterVec
+	tunnelsOpen     prometheus.Gauge
+	tunnelsOpened   prometheus.Counter
+	tunnelsRefused  *prometheus.CounterVec
+	tunnelsIdle     prometheus.Counter
+	tunnelBytes     *prometheus.CounterVec
 	role            *health.RoleGauge
 }
 
@@ -93,10 +98,26 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		cancels: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leasehold_gateway_command_cancels_total", Help: "CancelCommand messages sent to nodes (sent) and CancelAcks received (confirmed).",
 		}, []string{"outcome"}),
+		tunnelsOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "leasehold_gateway_tunnels_open", Help: "Tunnels relayed by this gateway now (waiting for the node to attach, or open).",
+		}),
+		tunnelsOpened: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leasehold_gateway_tunnels_opened_total", Help: "Tunnels opened end to end.",
+		}),
+		tunnelsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leasehold_gateway_tunnels_refused_total", Help: "Tunnels refused, by reason (max-tunnels-per-node, max-tunnels, no-session, attach-timeout, node).",
+		}, []string{"reason"}),
+		tunnelsIdle: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leasehold_gateway_tunnels_idle_closed_total", Help: "Tunnels ended by --gateway.tunnel-idle-timeout.",
+		}),
+		tunnelBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leasehold_gateway_tunnel_bytes_total", Help: "Tunnel bytes relayed, by direction (to_node, from_node).",
+		}, []string{"direction"}),
 	}
 	reg.MustRegister(m.streams, m.sessions, m.hellos, m.pushbacks, m.dispatched, m.replayed, m.dispatchLatency, m.dispatchCall, m.ingestBatch, m.ingestFlush,
 		m.fenceFailures, m.selfFences, m.zombies, m.renewLatency, m.results, m.events, m.specPushes)
 	reg.MustRegister(m.outputBytes, m.cancels)
+	reg.MustRegister(m.tunnelsOpen, m.tunnelsOpened, m.tunnelsRefused, m.tunnelsIdle, m.tunnelBytes)
 	m.role = health.NewRoleGauge(reg, "gateway")
 	return m
 }

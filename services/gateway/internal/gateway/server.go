@@ -51,7 +51,9 @@ const (
 	writeTimeout = 30 * time.Second
 	// maxConnStreams is per connection; a daemon holds one stream.
 	maxConnStreams = 16
-	maxHeaderBytes = 64 << 10
+	// stdStreamWindow is a stream's receive window on net/http's server.
+	stdStreamWindow = 256 << 10
+	maxHeaderBytes  = 64 << 10
 )
 
 // newServer builds the HTTP/2 server of node streams.
@@ -107,6 +109,14 @@ func (g *Gateway) newServer() (nodeServer, error) {
 			SendPingTimeout:      pingInterval,
 			PingTimeout:          pingTimeout,
 			WriteByteTimeout:     writeTimeout,
+			// Every stream's window fits in the connection's with room to
+			// spare, so tunnels whose bytes wait (their caller reads
+			// slowly) cannot take the whole connection window and stall
+			// the session stream beside them (net/http's defaults are
+			// 1 MiB for both). The lean server has 64 KiB streams in a
+			// 1 MiB connection window.
+			MaxReceiveBufferPerStream:     stdStreamWindow,
+			MaxReceiveBufferPerConnection: (maxConnStreams + 1) * stdStreamWindow,
 		},
 	}
 	if tc == nil {

@@ -4579,6 +4579,326 @@ func (x *ListAuditEventsResponse) GetNextPageToken() string {
 	return ""
 }
 
+// TunnelTarget is what a tunnel connects to on the node.
+type TunnelTarget struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// kind is the one target.
+	//
+	// Types that are valid to be assigned to Kind:
+	//
+	//	*TunnelTarget_Port
+	//	*TunnelTarget_Shell
+	Kind          isTunnelTarget_Kind `protobuf_oneof:"kind"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelTarget) Reset() {
+	*x = TunnelTarget{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelTarget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelTarget) ProtoMessage() {}
+
+func (x *TunnelTarget) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelTarget.ProtoReflect.Descriptor instead.
+func (*TunnelTarget) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *TunnelTarget) GetKind() isTunnelTarget_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return nil
+}
+
+func (x *TunnelTarget) GetPort() uint32 {
+	if x != nil {
+		if x, ok := x.Kind.(*TunnelTarget_Port); ok {
+			return x.Port
+		}
+	}
+	return 0
+}
+
+func (x *TunnelTarget) GetShell() bool {
+	if x != nil {
+		if x, ok := x.Kind.(*TunnelTarget_Shell); ok {
+			return x.Shell
+		}
+	}
+	return false
+}
+
+type isTunnelTarget_Kind interface {
+	isTunnelTarget_Kind()
+}
+
+type TunnelTarget_Port struct {
+	// port is a TCP port on the node's loopback (1..65535); the daemon
+	// refuses ports outside its allowlist with PERMISSION_DENIED.
+	Port uint32 `protobuf:"varint,1,opt,name=port,proto3,oneof"`
+}
+
+type TunnelTarget_Shell struct {
+	// shell asks for the daemon's shell, run with pipes (no pty); refused
+	// with PERMISSION_DENIED unless the daemon enables it.
+	Shell bool `protobuf:"varint,2,opt,name=shell,proto3,oneof"`
+}
+
+func (*TunnelTarget_Port) isTunnelTarget_Kind() {}
+
+func (*TunnelTarget_Shell) isTunnelTarget_Kind() {}
+
+// TunnelOpen is the first request of OpenTunnel.
+type TunnelOpen struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node_id is the node to open the tunnel to.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// target is what to connect to on the node.
+	Target        *TunnelTarget `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelOpen) Reset() {
+	*x = TunnelOpen{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelOpen) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelOpen) ProtoMessage() {}
+
+func (x *TunnelOpen) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelOpen.ProtoReflect.Descriptor instead.
+func (*TunnelOpen) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *TunnelOpen) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *TunnelOpen) GetTarget() *TunnelTarget {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+// OpenTunnelRequest is one message of OpenTunnel from the caller.
+type OpenTunnelRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// open names the node and the target; it is the first message and only
+	// the first.
+	Open *TunnelOpen `protobuf:"bytes,1,opt,name=open,proto3" json:"open,omitempty"`
+	// data is bytes for the target (at most 64 KiB per message).
+	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenTunnelRequest) Reset() {
+	*x = OpenTunnelRequest{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenTunnelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenTunnelRequest) ProtoMessage() {}
+
+func (x *OpenTunnelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenTunnelRequest.ProtoReflect.Descriptor instead.
+func (*OpenTunnelRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *OpenTunnelRequest) GetOpen() *TunnelOpen {
+	if x != nil {
+		return x.Open
+	}
+	return nil
+}
+
+func (x *OpenTunnelRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+// TunnelOpened says a tunnel is open end to end.
+type TunnelOpened struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tunnel_id identifies the tunnel in the audit trail and the gateway's logs.
+	TunnelId string `protobuf:"bytes,1,opt,name=tunnel_id,json=tunnelId,proto3" json:"tunnel_id,omitempty"`
+	// gateway_id is the gateway that relays it.
+	GatewayId     string `protobuf:"bytes,2,opt,name=gateway_id,json=gatewayId,proto3" json:"gateway_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelOpened) Reset() {
+	*x = TunnelOpened{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelOpened) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelOpened) ProtoMessage() {}
+
+func (x *TunnelOpened) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelOpened.ProtoReflect.Descriptor instead.
+func (*TunnelOpened) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{69}
+}
+
+func (x *TunnelOpened) GetTunnelId() string {
+	if x != nil {
+		return x.TunnelId
+	}
+	return ""
+}
+
+func (x *TunnelOpened) GetGatewayId() string {
+	if x != nil {
+		return x.GatewayId
+	}
+	return ""
+}
+
+// OpenTunnelResponse is one message of OpenTunnel to the caller.
+type OpenTunnelResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// opened is the first response, once the node's daemon has connected the target.
+	Opened *TunnelOpened `protobuf:"bytes,1,opt,name=opened,proto3" json:"opened,omitempty"`
+	// data is bytes from the target.
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// eof says the target will send nothing more (its side half-closed); the
+	// stream ends once the caller has half-closed too.
+	Eof           bool `protobuf:"varint,3,opt,name=eof,proto3" json:"eof,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenTunnelResponse) Reset() {
+	*x = OpenTunnelResponse{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenTunnelResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenTunnelResponse) ProtoMessage() {}
+
+func (x *OpenTunnelResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenTunnelResponse.ProtoReflect.Descriptor instead.
+func (*OpenTunnelResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *OpenTunnelResponse) GetOpened() *TunnelOpened {
+	if x != nil {
+		return x.Opened
+	}
+	return nil
+}
+
+func (x *OpenTunnelResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *OpenTunnelResponse) GetEof() bool {
+	if x != nil {
+		return x.Eof
+	}
+	return false
+}
+
 var File_leasehold_control_v1_control_proto protoreflect.FileDescriptor
 
 const file_leasehold_control_v1_control_proto_rawDesc = "" +
@@ -4910,7 +5230,26 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\x05until\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x05until\"{\n" +
 	"\x17ListAuditEventsResponse\x128\n" +
 	"\x06events\x18\x01 \x03(\v2 .leasehold.control.v1.AuditEventR\x06events\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken*\xad\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"D\n" +
+	"\fTunnelTarget\x12\x14\n" +
+	"\x04port\x18\x01 \x01(\rH\x00R\x04port\x12\x16\n" +
+	"\x05shell\x18\x02 \x01(\bH\x00R\x05shellB\x06\n" +
+	"\x04kind\"a\n" +
+	"\n" +
+	"TunnelOpen\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12:\n" +
+	"\x06target\x18\x02 \x01(\v2\".leasehold.control.v1.TunnelTargetR\x06target\"]\n" +
+	"\x11OpenTunnelRequest\x124\n" +
+	"\x04open\x18\x01 \x01(\v2 .leasehold.control.v1.TunnelOpenR\x04open\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"J\n" +
+	"\fTunnelOpened\x12\x1b\n" +
+	"\ttunnel_id\x18\x01 \x01(\tR\btunnelId\x12\x1d\n" +
+	"\n" +
+	"gateway_id\x18\x02 \x01(\tR\tgatewayId\"v\n" +
+	"\x12OpenTunnelResponse\x12:\n" +
+	"\x06opened\x18\x01 \x01(\v2\".leasehold.control.v1.TunnelOpenedR\x06opened\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x10\n" +
+	"\x03eof\x18\x03 \x01(\bR\x03eof*\xad\x01\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15NODE_STATE_REGISTERED\x10\x01\x12\x18\n" +
@@ -4934,7 +5273,7 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\x19POOL_LEASE_STATE_RELEASED\x10\x03*<\n" +
 	"\bSinkKind\x12\x19\n" +
 	"\x15SINK_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
-	"\x11SINK_KIND_WEBHOOK\x10\x012\xaf\x16\n" +
+	"\x11SINK_KIND_WEBHOOK\x10\x012\x94\x17\n" +
 	"\x0eControlService\x12e\n" +
 	"\fRegisterNode\x12).leasehold.control.v1.RegisterNodeRequest\x1a*.leasehold.control.v1.RegisterNodeResponse\x12_\n" +
 	"\n" +
@@ -4970,7 +5309,9 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\tDrainNode\x12&.leasehold.control.v1.DrainNodeRequest\x1a'.leasehold.control.v1.DrainNodeResponse\x12q\n" +
 	"\x10DecommissionNode\x12-.leasehold.control.v1.DecommissionNodeRequest\x1a..leasehold.control.v1.DecommissionNodeResponse\x12n\n" +
 	"\x0fListAuditEvents\x12,.leasehold.control.v1.ListAuditEventsRequest\x1a-.leasehold.control.v1.ListAuditEventsResponse\x12|\n" +
-	"\x13StreamCommandOutput\x120.leasehold.control.v1.StreamCommandOutputRequest\x1a1.leasehold.control.v1.StreamCommandOutputResponse0\x01B\xe1\x01\n" +
+	"\x13StreamCommandOutput\x120.leasehold.control.v1.StreamCommandOutputRequest\x1a1.leasehold.control.v1.StreamCommandOutputResponse0\x01\x12c\n" +
+	"\n" +
+	"OpenTunnel\x12'.leasehold.control.v1.OpenTunnelRequest\x1a(.leasehold.control.v1.OpenTunnelResponse(\x010\x01B\xe1\x01\n" +
 	"\x18com.leasehold.control.v1B\fControlProtoP\x01ZEgithub.com/leasehold/leasehold/pkg/gen/leasehold/control/v1;controlv1\xa2\x02\x03LCX\xaa\x02\x14Leasehold.Control.V1\xca\x02\x14Leasehold\\Control\\V1\xe2\x02 Leasehold\\Control\\V1\\GPBMetadata\xea\x02\x16Leasehold::Control::V1b\x06proto3"
 
 var (
@@ -4986,7 +5327,7 @@ func file_leasehold_control_v1_control_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_control_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_leasehold_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 72)
+var file_leasehold_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 77)
 var file_leasehold_control_v1_control_proto_goTypes = []any{
 	(NodeState)(0),                      // 0: leasehold.control.v1.NodeState
 	(CommandState)(0),                   // 1: leasehold.control.v1.CommandState
@@ -5058,71 +5399,76 @@ var file_leasehold_control_v1_control_proto_goTypes = []any{
 	(*AuditEvent)(nil),                  // 67: leasehold.control.v1.AuditEvent
 	(*ListAuditEventsRequest)(nil),      // 68: leasehold.control.v1.ListAuditEventsRequest
 	(*ListAuditEventsResponse)(nil),     // 69: leasehold.control.v1.ListAuditEventsResponse
-	nil,                                 // 70: leasehold.control.v1.Node.LabelsEntry
-	nil,                                 // 71: leasehold.control.v1.Pool.LabelsEntry
-	nil,                                 // 72: leasehold.control.v1.PoolLease.SelectorEntry
-	nil,                                 // 73: leasehold.control.v1.RegisterNodeRequest.LabelsEntry
-	nil,                                 // 74: leasehold.control.v1.CreatePoolRequest.LabelsEntry
-	nil,                                 // 75: leasehold.control.v1.CreatePoolLeaseRequest.SelectorEntry
-	(v1.NodeKind)(0),                    // 76: leasehold.node.v1.NodeKind
-	(*timestamppb.Timestamp)(nil),       // 77: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),         // 78: google.protobuf.Duration
-	(v1.OutputStream)(0),                // 79: leasehold.node.v1.OutputStream
-	(*structpb.Struct)(nil),             // 80: google.protobuf.Struct
+	(*TunnelTarget)(nil),                // 70: leasehold.control.v1.TunnelTarget
+	(*TunnelOpen)(nil),                  // 71: leasehold.control.v1.TunnelOpen
+	(*OpenTunnelRequest)(nil),           // 72: leasehold.control.v1.OpenTunnelRequest
+	(*TunnelOpened)(nil),                // 73: leasehold.control.v1.TunnelOpened
+	(*OpenTunnelResponse)(nil),          // 74: leasehold.control.v1.OpenTunnelResponse
+	nil,                                 // 75: leasehold.control.v1.Node.LabelsEntry
+	nil,                                 // 76: leasehold.control.v1.Pool.LabelsEntry
+	nil,                                 // 77: leasehold.control.v1.PoolLease.SelectorEntry
+	nil,                                 // 78: leasehold.control.v1.RegisterNodeRequest.LabelsEntry
+	nil,                                 // 79: leasehold.control.v1.CreatePoolRequest.LabelsEntry
+	nil,                                 // 80: leasehold.control.v1.CreatePoolLeaseRequest.SelectorEntry
+	(v1.NodeKind)(0),                    // 81: leasehold.node.v1.NodeKind
+	(*timestamppb.Timestamp)(nil),       // 82: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),         // 83: google.protobuf.Duration
+	(v1.OutputStream)(0),                // 84: leasehold.node.v1.OutputStream
+	(*structpb.Struct)(nil),             // 85: google.protobuf.Struct
 }
 var file_leasehold_control_v1_control_proto_depIdxs = []int32{
-	76,  // 0: leasehold.control.v1.Node.kind:type_name -> leasehold.node.v1.NodeKind
-	70,  // 1: leasehold.control.v1.Node.labels:type_name -> leasehold.control.v1.Node.LabelsEntry
+	81,  // 0: leasehold.control.v1.Node.kind:type_name -> leasehold.node.v1.NodeKind
+	75,  // 1: leasehold.control.v1.Node.labels:type_name -> leasehold.control.v1.Node.LabelsEntry
 	0,   // 2: leasehold.control.v1.Node.state:type_name -> leasehold.control.v1.NodeState
-	77,  // 3: leasehold.control.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
-	77,  // 4: leasehold.control.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	77,  // 5: leasehold.control.v1.Node.revoked_at:type_name -> google.protobuf.Timestamp
-	77,  // 6: leasehold.control.v1.Node.cordoned_at:type_name -> google.protobuf.Timestamp
+	82,  // 3: leasehold.control.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
+	82,  // 4: leasehold.control.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	82,  // 5: leasehold.control.v1.Node.revoked_at:type_name -> google.protobuf.Timestamp
+	82,  // 6: leasehold.control.v1.Node.cordoned_at:type_name -> google.protobuf.Timestamp
 	1,   // 7: leasehold.control.v1.Command.state:type_name -> leasehold.control.v1.CommandState
-	77,  // 8: leasehold.control.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	77,  // 9: leasehold.control.v1.Command.created_at:type_name -> google.protobuf.Timestamp
-	77,  // 10: leasehold.control.v1.Command.updated_at:type_name -> google.protobuf.Timestamp
-	77,  // 11: leasehold.control.v1.Command.cancel_requested_at:type_name -> google.protobuf.Timestamp
-	77,  // 12: leasehold.control.v1.CommandResult.started_at:type_name -> google.protobuf.Timestamp
-	77,  // 13: leasehold.control.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	77,  // 14: leasehold.control.v1.CommandResult.received_at:type_name -> google.protobuf.Timestamp
-	71,  // 15: leasehold.control.v1.Pool.labels:type_name -> leasehold.control.v1.Pool.LabelsEntry
-	77,  // 16: leasehold.control.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
-	72,  // 17: leasehold.control.v1.PoolLease.selector:type_name -> leasehold.control.v1.PoolLease.SelectorEntry
+	82,  // 8: leasehold.control.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	82,  // 9: leasehold.control.v1.Command.created_at:type_name -> google.protobuf.Timestamp
+	82,  // 10: leasehold.control.v1.Command.updated_at:type_name -> google.protobuf.Timestamp
+	82,  // 11: leasehold.control.v1.Command.cancel_requested_at:type_name -> google.protobuf.Timestamp
+	82,  // 12: leasehold.control.v1.CommandResult.started_at:type_name -> google.protobuf.Timestamp
+	82,  // 13: leasehold.control.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	82,  // 14: leasehold.control.v1.CommandResult.received_at:type_name -> google.protobuf.Timestamp
+	76,  // 15: leasehold.control.v1.Pool.labels:type_name -> leasehold.control.v1.Pool.LabelsEntry
+	82,  // 16: leasehold.control.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
+	77,  // 17: leasehold.control.v1.PoolLease.selector:type_name -> leasehold.control.v1.PoolLease.SelectorEntry
 	2,   // 18: leasehold.control.v1.PoolLease.state:type_name -> leasehold.control.v1.PoolLeaseState
-	77,  // 19: leasehold.control.v1.PoolLease.created_at:type_name -> google.protobuf.Timestamp
-	77,  // 20: leasehold.control.v1.PoolLease.updated_at:type_name -> google.protobuf.Timestamp
-	77,  // 21: leasehold.control.v1.PoolLease.released_at:type_name -> google.protobuf.Timestamp
+	82,  // 19: leasehold.control.v1.PoolLease.created_at:type_name -> google.protobuf.Timestamp
+	82,  // 20: leasehold.control.v1.PoolLease.updated_at:type_name -> google.protobuf.Timestamp
+	82,  // 21: leasehold.control.v1.PoolLease.released_at:type_name -> google.protobuf.Timestamp
 	3,   // 22: leasehold.control.v1.Sink.kind:type_name -> leasehold.control.v1.SinkKind
-	77,  // 23: leasehold.control.v1.Sink.created_at:type_name -> google.protobuf.Timestamp
-	77,  // 24: leasehold.control.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	77,  // 25: leasehold.control.v1.Worker.heartbeat_at:type_name -> google.protobuf.Timestamp
-	78,  // 26: leasehold.control.v1.Worker.clock_skew:type_name -> google.protobuf.Duration
-	77,  // 27: leasehold.control.v1.Gateway.lease_expires_at:type_name -> google.protobuf.Timestamp
-	76,  // 28: leasehold.control.v1.RegisterNodeRequest.kind:type_name -> leasehold.node.v1.NodeKind
-	73,  // 29: leasehold.control.v1.RegisterNodeRequest.labels:type_name -> leasehold.control.v1.RegisterNodeRequest.LabelsEntry
+	82,  // 23: leasehold.control.v1.Sink.created_at:type_name -> google.protobuf.Timestamp
+	82,  // 24: leasehold.control.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	82,  // 25: leasehold.control.v1.Worker.heartbeat_at:type_name -> google.protobuf.Timestamp
+	83,  // 26: leasehold.control.v1.Worker.clock_skew:type_name -> google.protobuf.Duration
+	82,  // 27: leasehold.control.v1.Gateway.lease_expires_at:type_name -> google.protobuf.Timestamp
+	81,  // 28: leasehold.control.v1.RegisterNodeRequest.kind:type_name -> leasehold.node.v1.NodeKind
+	78,  // 29: leasehold.control.v1.RegisterNodeRequest.labels:type_name -> leasehold.control.v1.RegisterNodeRequest.LabelsEntry
 	4,   // 30: leasehold.control.v1.RegisterNodeResponse.node:type_name -> leasehold.control.v1.Node
 	4,   // 31: leasehold.control.v1.RevokeNodeResponse.node:type_name -> leasehold.control.v1.Node
 	4,   // 32: leasehold.control.v1.GetNodeResponse.node:type_name -> leasehold.control.v1.Node
 	0,   // 33: leasehold.control.v1.ListNodesRequest.state:type_name -> leasehold.control.v1.NodeState
 	4,   // 34: leasehold.control.v1.ListNodesResponse.nodes:type_name -> leasehold.control.v1.Node
-	77,  // 35: leasehold.control.v1.CreateCommandRequest.deadline:type_name -> google.protobuf.Timestamp
-	78,  // 36: leasehold.control.v1.CreateCommandRequest.timeout:type_name -> google.protobuf.Duration
+	82,  // 35: leasehold.control.v1.CreateCommandRequest.deadline:type_name -> google.protobuf.Timestamp
+	83,  // 36: leasehold.control.v1.CreateCommandRequest.timeout:type_name -> google.protobuf.Duration
 	5,   // 37: leasehold.control.v1.CreateCommandResponse.command:type_name -> leasehold.control.v1.Command
 	5,   // 38: leasehold.control.v1.GetCommandResponse.command:type_name -> leasehold.control.v1.Command
 	6,   // 39: leasehold.control.v1.GetCommandResponse.result:type_name -> leasehold.control.v1.CommandResult
 	1,   // 40: leasehold.control.v1.ListCommandsRequest.state:type_name -> leasehold.control.v1.CommandState
 	5,   // 41: leasehold.control.v1.ListCommandsResponse.commands:type_name -> leasehold.control.v1.Command
 	5,   // 42: leasehold.control.v1.CancelCommandResponse.command:type_name -> leasehold.control.v1.Command
-	78,  // 43: leasehold.control.v1.WaitCommandRequest.timeout:type_name -> google.protobuf.Duration
+	83,  // 43: leasehold.control.v1.WaitCommandRequest.timeout:type_name -> google.protobuf.Duration
 	5,   // 44: leasehold.control.v1.WaitCommandResponse.command:type_name -> leasehold.control.v1.Command
 	6,   // 45: leasehold.control.v1.WaitCommandResponse.result:type_name -> leasehold.control.v1.CommandResult
-	79,  // 46: leasehold.control.v1.StreamCommandOutputResponse.stream:type_name -> leasehold.node.v1.OutputStream
-	74,  // 47: leasehold.control.v1.CreatePoolRequest.labels:type_name -> leasehold.control.v1.CreatePoolRequest.LabelsEntry
+	84,  // 46: leasehold.control.v1.StreamCommandOutputResponse.stream:type_name -> leasehold.node.v1.OutputStream
+	79,  // 47: leasehold.control.v1.CreatePoolRequest.labels:type_name -> leasehold.control.v1.CreatePoolRequest.LabelsEntry
 	7,   // 48: leasehold.control.v1.CreatePoolResponse.pool:type_name -> leasehold.control.v1.Pool
 	7,   // 49: leasehold.control.v1.GetPoolResponse.pool:type_name -> leasehold.control.v1.Pool
 	7,   // 50: leasehold.control.v1.ListPoolsResponse.pools:type_name -> leasehold.control.v1.Pool
-	75,  // 51: leasehold.control.v1.CreatePoolLeaseRequest.selector:type_name -> leasehold.control.v1.CreatePoolLeaseRequest.SelectorEntry
+	80,  // 51: leasehold.control.v1.CreatePoolLeaseRequest.selector:type_name -> leasehold.control.v1.CreatePoolLeaseRequest.SelectorEntry
 	8,   // 52: leasehold.control.v1.CreatePoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
 	8,   // 53: leasehold.control.v1.GetPoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
 	2,   // 54: leasehold.control.v1.ListPoolLeasesRequest.state:type_name -> leasehold.control.v1.PoolLeaseState
@@ -5136,76 +5482,81 @@ var file_leasehold_control_v1_control_proto_depIdxs = []int32{
 	12,  // 62: leasehold.control.v1.ListGatewaysResponse.gateways:type_name -> leasehold.control.v1.Gateway
 	4,   // 63: leasehold.control.v1.CordonNodeResponse.node:type_name -> leasehold.control.v1.Node
 	4,   // 64: leasehold.control.v1.UncordonNodeResponse.node:type_name -> leasehold.control.v1.Node
-	78,  // 65: leasehold.control.v1.DrainNodeRequest.timeout:type_name -> google.protobuf.Duration
+	83,  // 65: leasehold.control.v1.DrainNodeRequest.timeout:type_name -> google.protobuf.Duration
 	4,   // 66: leasehold.control.v1.DrainNodeResponse.node:type_name -> leasehold.control.v1.Node
-	78,  // 67: leasehold.control.v1.DecommissionNodeRequest.timeout:type_name -> google.protobuf.Duration
+	83,  // 67: leasehold.control.v1.DecommissionNodeRequest.timeout:type_name -> google.protobuf.Duration
 	4,   // 68: leasehold.control.v1.DecommissionNodeResponse.node:type_name -> leasehold.control.v1.Node
-	77,  // 69: leasehold.control.v1.AuditEvent.at:type_name -> google.protobuf.Timestamp
-	80,  // 70: leasehold.control.v1.AuditEvent.detail:type_name -> google.protobuf.Struct
-	77,  // 71: leasehold.control.v1.ListAuditEventsRequest.since:type_name -> google.protobuf.Timestamp
-	77,  // 72: leasehold.control.v1.ListAuditEventsRequest.until:type_name -> google.protobuf.Timestamp
+	82,  // 69: leasehold.control.v1.AuditEvent.at:type_name -> google.protobuf.Timestamp
+	85,  // 70: leasehold.control.v1.AuditEvent.detail:type_name -> google.protobuf.Struct
+	82,  // 71: leasehold.control.v1.ListAuditEventsRequest.since:type_name -> google.protobuf.Timestamp
+	82,  // 72: leasehold.control.v1.ListAuditEventsRequest.until:type_name -> google.protobuf.Timestamp
 	67,  // 73: leasehold.control.v1.ListAuditEventsResponse.events:type_name -> leasehold.control.v1.AuditEvent
-	13,  // 74: leasehold.control.v1.ControlService.RegisterNode:input_type -> leasehold.control.v1.RegisterNodeRequest
-	15,  // 75: leasehold.control.v1.ControlService.RevokeNode:input_type -> leasehold.control.v1.RevokeNodeRequest
-	17,  // 76: leasehold.control.v1.ControlService.GetNode:input_type -> leasehold.control.v1.GetNodeRequest
-	19,  // 77: leasehold.control.v1.ControlService.ListNodes:input_type -> leasehold.control.v1.ListNodesRequest
-	21,  // 78: leasehold.control.v1.ControlService.CreateCommand:input_type -> leasehold.control.v1.CreateCommandRequest
-	23,  // 79: leasehold.control.v1.ControlService.GetCommand:input_type -> leasehold.control.v1.GetCommandRequest
-	25,  // 80: leasehold.control.v1.ControlService.ListCommands:input_type -> leasehold.control.v1.ListCommandsRequest
-	27,  // 81: leasehold.control.v1.ControlService.CancelCommand:input_type -> leasehold.control.v1.CancelCommandRequest
-	29,  // 82: leasehold.control.v1.ControlService.WaitCommand:input_type -> leasehold.control.v1.WaitCommandRequest
-	33,  // 83: leasehold.control.v1.ControlService.CreatePool:input_type -> leasehold.control.v1.CreatePoolRequest
-	35,  // 84: leasehold.control.v1.ControlService.GetPool:input_type -> leasehold.control.v1.GetPoolRequest
-	37,  // 85: leasehold.control.v1.ControlService.ListPools:input_type -> leasehold.control.v1.ListPoolsRequest
-	39,  // 86: leasehold.control.v1.ControlService.CreatePoolLease:input_type -> leasehold.control.v1.CreatePoolLeaseRequest
-	41,  // 87: leasehold.control.v1.ControlService.GetPoolLease:input_type -> leasehold.control.v1.GetPoolLeaseRequest
-	43,  // 88: leasehold.control.v1.ControlService.ListPoolLeases:input_type -> leasehold.control.v1.ListPoolLeasesRequest
-	45,  // 89: leasehold.control.v1.ControlService.ReleasePoolLease:input_type -> leasehold.control.v1.ReleasePoolLeaseRequest
-	47,  // 90: leasehold.control.v1.ControlService.CreateSink:input_type -> leasehold.control.v1.CreateSinkRequest
-	49,  // 91: leasehold.control.v1.ControlService.ListSinks:input_type -> leasehold.control.v1.ListSinksRequest
-	51,  // 92: leasehold.control.v1.ControlService.DeleteSink:input_type -> leasehold.control.v1.DeleteSinkRequest
-	53,  // 93: leasehold.control.v1.ControlService.ListLeases:input_type -> leasehold.control.v1.ListLeasesRequest
-	55,  // 94: leasehold.control.v1.ControlService.ListWorkers:input_type -> leasehold.control.v1.ListWorkersRequest
-	57,  // 95: leasehold.control.v1.ControlService.ListGateways:input_type -> leasehold.control.v1.ListGatewaysRequest
-	59,  // 96: leasehold.control.v1.ControlService.CordonNode:input_type -> leasehold.control.v1.CordonNodeRequest
-	61,  // 97: leasehold.control.v1.ControlService.UncordonNode:input_type -> leasehold.control.v1.UncordonNodeRequest
-	63,  // 98: leasehold.control.v1.ControlService.DrainNode:input_type -> leasehold.control.v1.DrainNodeRequest
-	65,  // 99: leasehold.control.v1.ControlService.DecommissionNode:input_type -> leasehold.control.v1.DecommissionNodeRequest
-	68,  // 100: leasehold.control.v1.ControlService.ListAuditEvents:input_type -> leasehold.control.v1.ListAuditEventsRequest
-	31,  // 101: leasehold.control.v1.ControlService.StreamCommandOutput:input_type -> leasehold.control.v1.StreamCommandOutputRequest
-	14,  // 102: leasehold.control.v1.ControlService.RegisterNode:output_type -> leasehold.control.v1.RegisterNodeResponse
-	16,  // 103: leasehold.control.v1.ControlService.RevokeNode:output_type -> leasehold.control.v1.RevokeNodeResponse
-	18,  // 104: leasehold.control.v1.ControlService.GetNode:output_type -> leasehold.control.v1.GetNodeResponse
-	20,  // 105: leasehold.control.v1.ControlService.ListNodes:output_type -> leasehold.control.v1.ListNodesResponse
-	22,  // 106: leasehold.control.v1.ControlService.CreateCommand:output_type -> leasehold.control.v1.CreateCommandResponse
-	24,  // 107: leasehold.control.v1.ControlService.GetCommand:output_type -> leasehold.control.v1.GetCommandResponse
-	26,  // 108: leasehold.control.v1.ControlService.ListCommands:output_type -> leasehold.control.v1.ListCommandsResponse
-	28,  // 109: leasehold.control.v1.ControlService.CancelCommand:output_type -> leasehold.control.v1.CancelCommandResponse
-	30,  // 110: leasehold.control.v1.ControlService.WaitCommand:output_type -> leasehold.control.v1.WaitCommandResponse
-	34,  // 111: leasehold.control.v1.ControlService.CreatePool:output_type -> leasehold.control.v1.CreatePoolResponse
-	36,  // 112: leasehold.control.v1.ControlService.GetPool:output_type -> leasehold.control.v1.GetPoolResponse
-	38,  // 113: leasehold.control.v1.ControlService.ListPools:output_type -> leasehold.control.v1.ListPoolsResponse
-	40,  // 114: leasehold.control.v1.ControlService.CreatePoolLease:output_type -> leasehold.control.v1.CreatePoolLeaseResponse
-	42,  // 115: leasehold.control.v1.ControlService.GetPoolLease:output_type -> leasehold.control.v1.GetPoolLeaseResponse
-	44,  // 116: leasehold.control.v1.ControlService.ListPoolLeases:output_type -> leasehold.control.v1.ListPoolLeasesResponse
-	46,  // 117: leasehold.control.v1.ControlService.ReleasePoolLease:output_type -> leasehold.control.v1.ReleasePoolLeaseResponse
-	48,  // 118: leasehold.control.v1.ControlService.CreateSink:output_type -> leasehold.control.v1.CreateSinkResponse
-	50,  // 119: leasehold.control.v1.ControlService.ListSinks:output_type -> leasehold.control.v1.ListSinksResponse
-	52,  // 120: leasehold.control.v1.ControlService.DeleteSink:output_type -> leasehold.control.v1.DeleteSinkResponse
-	54,  // 121: leasehold.control.v1.ControlService.ListLeases:output_type -> leasehold.control.v1.ListLeasesResponse
-	56,  // 122: leasehold.control.v1.ControlService.ListWorkers:output_type -> leasehold.control.v1.ListWorkersResponse
-	58,  // 123: leasehold.control.v1.ControlService.ListGateways:output_type -> leasehold.control.v1.ListGatewaysResponse
-	60,  // 124: leasehold.control.v1.ControlService.CordonNode:output_type -> leasehold.control.v1.CordonNodeResponse
-	62,  // 125: leasehold.control.v1.ControlService.UncordonNode:output_type -> leasehold.control.v1.UncordonNodeResponse
-	64,  // 126: leasehold.control.v1.ControlService.DrainNode:output_type -> leasehold.control.v1.DrainNodeResponse
-	66,  // 127: leasehold.control.v1.ControlService.DecommissionNode:output_type -> leasehold.control.v1.DecommissionNodeResponse
-	69,  // 128: leasehold.control.v1.ControlService.ListAuditEvents:output_type -> leasehold.control.v1.ListAuditEventsResponse
-	32,  // 129: leasehold.control.v1.ControlService.StreamCommandOutput:output_type -> leasehold.control.v1.StreamCommandOutputResponse
-	102, // [102:130] is the sub-list for method output_type
-	74,  // [74:102] is the sub-list for method input_type
-	74,  // [74:74] is the sub-list for extension type_name
-	74,  // [74:74] is the sub-list for extension extendee
-	0,   // [0:74] is the sub-list for field type_name
+	70,  // 74: leasehold.control.v1.TunnelOpen.target:type_name -> leasehold.control.v1.TunnelTarget
+	71,  // 75: leasehold.control.v1.OpenTunnelRequest.open:type_name -> leasehold.control.v1.TunnelOpen
+	73,  // 76: leasehold.control.v1.OpenTunnelResponse.opened:type_name -> leasehold.control.v1.TunnelOpened
+	13,  // 77: leasehold.control.v1.ControlService.RegisterNode:input_type -> leasehold.control.v1.RegisterNodeRequest
+	15,  // 78: leasehold.control.v1.ControlService.RevokeNode:input_type -> leasehold.control.v1.RevokeNodeRequest
+	17,  // 79: leasehold.control.v1.ControlService.GetNode:input_type -> leasehold.control.v1.GetNodeRequest
+	19,  // 80: leasehold.control.v1.ControlService.ListNodes:input_type -> leasehold.control.v1.ListNodesRequest
+	21,  // 81: leasehold.control.v1.ControlService.CreateCommand:input_type -> leasehold.control.v1.CreateCommandRequest
+	23,  // 82: leasehold.control.v1.ControlService.GetCommand:input_type -> leasehold.control.v1.GetCommandRequest
+	25,  // 83: leasehold.control.v1.ControlService.ListCommands:input_type -> leasehold.control.v1.ListCommandsRequest
+	27,  // 84: leasehold.control.v1.ControlService.CancelCommand:input_type -> leasehold.control.v1.CancelCommandRequest
+	29,  // 85: leasehold.control.v1.ControlService.WaitCommand:input_type -> leasehold.control.v1.WaitCommandRequest
+	33,  // 86: leasehold.control.v1.ControlService.CreatePool:input_type -> leasehold.control.v1.CreatePoolRequest
+	35,  // 87: leasehold.control.v1.ControlService.GetPool:input_type -> leasehold.control.v1.GetPoolRequest
+	37,  // 88: leasehold.control.v1.ControlService.ListPools:input_type -> leasehold.control.v1.ListPoolsRequest
+	39,  // 89: leasehold.control.v1.ControlService.CreatePoolLease:input_type -> leasehold.control.v1.CreatePoolLeaseRequest
+	41,  // 90: leasehold.control.v1.ControlService.GetPoolLease:input_type -> leasehold.control.v1.GetPoolLeaseRequest
+	43,  // 91: leasehold.control.v1.ControlService.ListPoolLeases:input_type -> leasehold.control.v1.ListPoolLeasesRequest
+	45,  // 92: leasehold.control.v1.ControlService.ReleasePoolLease:input_type -> leasehold.control.v1.ReleasePoolLeaseRequest
+	47,  // 93: leasehold.control.v1.ControlService.CreateSink:input_type -> leasehold.control.v1.CreateSinkRequest
+	49,  // 94: leasehold.control.v1.ControlService.ListSinks:input_type -> leasehold.control.v1.ListSinksRequest
+	51,  // 95: leasehold.control.v1.ControlService.DeleteSink:input_type -> leasehold.control.v1.DeleteSinkRequest
+	53,  // 96: leasehold.control.v1.ControlService.ListLeases:input_type -> leasehold.control.v1.ListLeasesRequest
+	55,  // 97: leasehold.control.v1.ControlService.ListWorkers:input_type -> leasehold.control.v1.ListWorkersRequest
+	57,  // 98: leasehold.control.v1.ControlService.ListGateways:input_type -> leasehold.control.v1.ListGatewaysRequest
+	59,  // 99: leasehold.control.v1.ControlService.CordonNode:input_type -> leasehold.control.v1.CordonNodeRequest
+	61,  // 100: leasehold.control.v1.ControlService.UncordonNode:input_type -> leasehold.control.v1.UncordonNodeRequest
+	63,  // 101: leasehold.control.v1.ControlService.DrainNode:input_type -> leasehold.control.v1.DrainNodeRequest
+	65,  // 102: leasehold.control.v1.ControlService.DecommissionNode:input_type -> leasehold.control.v1.DecommissionNodeRequest
+	68,  // 103: leasehold.control.v1.ControlService.ListAuditEvents:input_type -> leasehold.control.v1.ListAuditEventsRequest
+	31,  // 104: leasehold.control.v1.ControlService.StreamCommandOutput:input_type -> leasehold.control.v1.StreamCommandOutputRequest
+	72,  // 105: leasehold.control.v1.ControlService.OpenTunnel:input_type -> leasehold.control.v1.OpenTunnelRequest
+	14,  // 106: leasehold.control.v1.ControlService.RegisterNode:output_type -> leasehold.control.v1.RegisterNodeResponse
+	16,  // 107: leasehold.control.v1.ControlService.RevokeNode:output_type -> leasehold.control.v1.RevokeNodeResponse
+	18,  // 108: leasehold.control.v1.ControlService.GetNode:output_type -> leasehold.control.v1.GetNodeResponse
+	20,  // 109: leasehold.control.v1.ControlService.ListNodes:output_type -> leasehold.control.v1.ListNodesResponse
+	22,  // 110: leasehold.control.v1.ControlService.CreateCommand:output_type -> leasehold.control.v1.CreateCommandResponse
+	24,  // 111: leasehold.control.v1.ControlService.GetCommand:output_type -> leasehold.control.v1.GetCommandResponse
+	26,  // 112: leasehold.control.v1.ControlService.ListCommands:output_type -> leasehold.control.v1.ListCommandsResponse
+	28,  // 113: leasehold.control.v1.ControlService.CancelCommand:output_type -> leasehold.control.v1.CancelCommandResponse
+	30,  // 114: leasehold.control.v1.ControlService.WaitCommand:output_type -> leasehold.control.v1.WaitCommandResponse
+	34,  // 115: leasehold.control.v1.ControlService.CreatePool:output_type -> leasehold.control.v1.CreatePoolResponse
+	36,  // 116: leasehold.control.v1.ControlService.GetPool:output_type -> leasehold.control.v1.GetPoolResponse
+	38,  // 117: leasehold.control.v1.ControlService.ListPools:output_type -> leasehold.control.v1.ListPoolsResponse
+	40,  // 118: leasehold.control.v1.ControlService.CreatePoolLease:output_type -> leasehold.control.v1.CreatePoolLeaseResponse
+	42,  // 119: leasehold.control.v1.ControlService.GetPoolLease:output_type -> leasehold.control.v1.GetPoolLeaseResponse
+	44,  // 120: leasehold.control.v1.ControlService.ListPoolLeases:output_type -> leasehold.control.v1.ListPoolLeasesResponse
+	46,  // 121: leasehold.control.v1.ControlService.ReleasePoolLease:output_type -> leasehold.control.v1.ReleasePoolLeaseResponse
+	48,  // 122: leasehold.control.v1.ControlService.CreateSink:output_type -> leasehold.control.v1.CreateSinkResponse
+	50,  // 123: leasehold.control.v1.ControlService.ListSinks:output_type -> leasehold.control.v1.ListSinksResponse
+	52,  // 124: leasehold.control.v1.ControlService.DeleteSink:output_type -> leasehold.control.v1.DeleteSinkResponse
+	54,  // 125: leasehold.control.v1.ControlService.ListLeases:output_type -> leasehold.control.v1.ListLeasesResponse
+	56,  // 126: leasehold.control.v1.ControlService.ListWorkers:output_type -> leasehold.control.v1.ListWorkersResponse
+	58,  // 127: leasehold.control.v1.ControlService.ListGateways:output_type -> leasehold.control.v1.ListGatewaysResponse
+	60,  // 128: leasehold.control.v1.ControlService.CordonNode:output_type -> leasehold.control.v1.CordonNodeResponse
+	62,  // 129: leasehold.control.v1.ControlService.UncordonNode:output_type -> leasehold.control.v1.UncordonNodeResponse
+	64,  // 130: leasehold.control.v1.ControlService.DrainNode:output_type -> leasehold.control.v1.DrainNodeResponse
+	66,  // 131: leasehold.control.v1.ControlService.DecommissionNode:output_type -> leasehold.control.v1.DecommissionNodeResponse
+	69,  // 132: leasehold.control.v1.ControlService.ListAuditEvents:output_type -> leasehold.control.v1.ListAuditEventsResponse
+	32,  // 133: leasehold.control.v1.ControlService.StreamCommandOutput:output_type -> leasehold.control.v1.StreamCommandOutputResponse
+	74,  // 134: leasehold.control.v1.ControlService.OpenTunnel:output_type -> leasehold.control.v1.OpenTunnelResponse
+	106, // [106:135] is the sub-list for method output_type
+	77,  // [77:106] is the sub-list for method input_type
+	77,  // [77:77] is the sub-list for extension type_name
+	77,  // [77:77] is the sub-list for extension extendee
+	0,   // [0:77] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_control_v1_control_proto_init() }
@@ -5217,13 +5568,17 @@ func file_leasehold_control_v1_control_proto_init() {
 		(*CreateCommandRequest_Deadline)(nil),
 		(*CreateCommandRequest_Timeout)(nil),
 	}
+	file_leasehold_control_v1_control_proto_msgTypes[66].OneofWrappers = []any{
+		(*TunnelTarget_Port)(nil),
+		(*TunnelTarget_Shell)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_control_v1_control_proto_rawDesc), len(file_leasehold_control_v1_control_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   72,
+			NumMessages:   77,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -384,6 +384,7 @@ type ConnectResponse struct {
 	//	*ConnectResponse_Pushback
 	//	*ConnectResponse_HeartbeatAck
 	//	*ConnectResponse_CancelCommand
+	//	*ConnectResponse_OpenTunnel
 	Msg           isConnectResponse_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -489,6 +490,15 @@ func (x *ConnectResponse) GetCancelCommand() *CancelCommand {
 	return nil
 }
 
+func (x *ConnectResponse) GetOpenTunnel() *OpenTunnel {
+	if x != nil {
+		if x, ok := x.Msg.(*ConnectResponse_OpenTunnel); ok {
+			return x.OpenTunnel
+		}
+	}
+	return nil
+}
+
 type isConnectResponse_Msg interface {
 	isConnectResponse_Msg()
 }
@@ -531,6 +541,13 @@ type ConnectResponse_CancelCommand struct {
 	CancelCommand *CancelCommand `protobuf:"bytes,7,opt,name=cancel_command,json=cancelCommand,proto3,oneof"`
 }
 
+type ConnectResponse_OpenTunnel struct {
+	// open_tunnel asks the daemon to connect a target and open a Tunnel
+	// stream for it; a daemon that does not know this message ignores it
+	// (the gateway then gives up on the tunnel after its attach timeout).
+	OpenTunnel *OpenTunnel `protobuf:"bytes,8,opt,name=open_tunnel,json=openTunnel,proto3,oneof"`
+}
+
 func (*ConnectResponse_Welcome) isConnectResponse_Msg() {}
 
 func (*ConnectResponse_Command) isConnectResponse_Msg() {}
@@ -544,6 +561,8 @@ func (*ConnectResponse_Pushback) isConnectResponse_Msg() {}
 func (*ConnectResponse_HeartbeatAck) isConnectResponse_Msg() {}
 
 func (*ConnectResponse_CancelCommand) isConnectResponse_Msg() {}
+
+func (*ConnectResponse_OpenTunnel) isConnectResponse_Msg() {}
 
 // Hello authenticates the node and routes it to this gateway. Every Hello bumps
 // the node's session epoch, so the most recent Hello always wins.
@@ -1667,6 +1686,298 @@ func (x *CancelAck) GetOutcome() CancelOutcome {
 	return CancelOutcome_CANCEL_OUTCOME_UNSPECIFIED
 }
 
+// OpenTunnel asks the daemon to connect a tunnel's target and attach it.
+type OpenTunnel struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tunnel_id is the gateway's id of the tunnel.
+	TunnelId string `protobuf:"bytes,1,opt,name=tunnel_id,json=tunnelId,proto3" json:"tunnel_id,omitempty"`
+	// token proves the attach comes from this session's daemon; it is sent
+	// back in TunnelAttach.
+	Token []byte `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	// target is what to connect to.
+	//
+	// Types that are valid to be assigned to Target:
+	//
+	//	*OpenTunnel_Port
+	//	*OpenTunnel_Shell
+	Target        isOpenTunnel_Target `protobuf_oneof:"target"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenTunnel) Reset() {
+	*x = OpenTunnel{}
+	mi := &file_leasehold_node_v1_node_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenTunnel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenTunnel) ProtoMessage() {}
+
+func (x *OpenTunnel) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_node_v1_node_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenTunnel.ProtoReflect.Descriptor instead.
+func (*OpenTunnel) Descriptor() ([]byte, []int) {
+	return file_leasehold_node_v1_node_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *OpenTunnel) GetTunnelId() string {
+	if x != nil {
+		return x.TunnelId
+	}
+	return ""
+}
+
+func (x *OpenTunnel) GetToken() []byte {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
+func (x *OpenTunnel) GetTarget() isOpenTunnel_Target {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+func (x *OpenTunnel) GetPort() uint32 {
+	if x != nil {
+		if x, ok := x.Target.(*OpenTunnel_Port); ok {
+			return x.Port
+		}
+	}
+	return 0
+}
+
+func (x *OpenTunnel) GetShell() bool {
+	if x != nil {
+		if x, ok := x.Target.(*OpenTunnel_Shell); ok {
+			return x.Shell
+		}
+	}
+	return false
+}
+
+type isOpenTunnel_Target interface {
+	isOpenTunnel_Target()
+}
+
+type OpenTunnel_Port struct {
+	// port is a TCP port on the node's loopback.
+	Port uint32 `protobuf:"varint,3,opt,name=port,proto3,oneof"`
+}
+
+type OpenTunnel_Shell struct {
+	// shell asks for the daemon's shell.
+	Shell bool `protobuf:"varint,4,opt,name=shell,proto3,oneof"`
+}
+
+func (*OpenTunnel_Port) isOpenTunnel_Target() {}
+
+func (*OpenTunnel_Shell) isOpenTunnel_Target() {}
+
+// TunnelAttach is the first request of a Tunnel stream.
+type TunnelAttach struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tunnel_id is the OpenTunnel's tunnel_id.
+	TunnelId string `protobuf:"bytes,1,opt,name=tunnel_id,json=tunnelId,proto3" json:"tunnel_id,omitempty"`
+	// token is the OpenTunnel's token.
+	Token []byte `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	// error_code, when not zero, refuses the tunnel with this Connect code
+	// (for example 7, PERMISSION_DENIED, for a port outside the allowlist);
+	// the stream then ends.
+	ErrorCode uint32 `protobuf:"varint,3,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	// error_message says why the tunnel was refused.
+	ErrorMessage  string `protobuf:"bytes,4,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelAttach) Reset() {
+	*x = TunnelAttach{}
+	mi := &file_leasehold_node_v1_node_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelAttach) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelAttach) ProtoMessage() {}
+
+func (x *TunnelAttach) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_node_v1_node_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelAttach.ProtoReflect.Descriptor instead.
+func (*TunnelAttach) Descriptor() ([]byte, []int) {
+	return file_leasehold_node_v1_node_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *TunnelAttach) GetTunnelId() string {
+	if x != nil {
+		return x.TunnelId
+	}
+	return ""
+}
+
+func (x *TunnelAttach) GetToken() []byte {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
+func (x *TunnelAttach) GetErrorCode() uint32 {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return 0
+}
+
+func (x *TunnelAttach) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
+// TunnelRequest is one message of a Tunnel stream from the daemon.
+type TunnelRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// attach is the first message and only the first.
+	Attach *TunnelAttach `protobuf:"bytes,1,opt,name=attach,proto3" json:"attach,omitempty"`
+	// data is bytes from the target (at most 64 KiB per message).
+	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelRequest) Reset() {
+	*x = TunnelRequest{}
+	mi := &file_leasehold_node_v1_node_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelRequest) ProtoMessage() {}
+
+func (x *TunnelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_node_v1_node_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelRequest.ProtoReflect.Descriptor instead.
+func (*TunnelRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_node_v1_node_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *TunnelRequest) GetAttach() *TunnelAttach {
+	if x != nil {
+		return x.Attach
+	}
+	return nil
+}
+
+func (x *TunnelRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+// TunnelResponse is one message of a Tunnel stream to the daemon.
+type TunnelResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// data is bytes for the target.
+	Data []byte `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	// eof says the caller will send nothing more: the daemon half-closes the
+	// target's write side.
+	Eof           bool `protobuf:"varint,2,opt,name=eof,proto3" json:"eof,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelResponse) Reset() {
+	*x = TunnelResponse{}
+	mi := &file_leasehold_node_v1_node_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelResponse) ProtoMessage() {}
+
+func (x *TunnelResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_node_v1_node_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelResponse.ProtoReflect.Descriptor instead.
+func (*TunnelResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_node_v1_node_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *TunnelResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *TunnelResponse) GetEof() bool {
+	if x != nil {
+		return x.Eof
+	}
+	return false
+}
+
 var File_leasehold_node_v1_node_proto protoreflect.FileDescriptor
 
 const file_leasehold_node_v1_node_proto_rawDesc = "" +
@@ -1682,7 +1993,7 @@ const file_leasehold_node_v1_node_proto_rawDesc = "" +
 	"\x0ecommand_output\x18\x06 \x01(\v2 .leasehold.node.v1.CommandOutputH\x00R\rcommandOutput\x12=\n" +
 	"\n" +
 	"cancel_ack\x18\a \x01(\v2\x1c.leasehold.node.v1.CancelAckH\x00R\tcancelAckB\x05\n" +
-	"\x03msg\"\xd7\x03\n" +
+	"\x03msg\"\x99\x04\n" +
 	"\x0fConnectResponse\x126\n" +
 	"\awelcome\x18\x01 \x01(\v2\x1a.leasehold.node.v1.WelcomeH\x00R\awelcome\x126\n" +
 	"\acommand\x18\x02 \x01(\v2\x1a.leasehold.node.v1.CommandH\x00R\acommand\x12M\n" +
@@ -1690,7 +2001,9 @@ const file_leasehold_node_v1_node_proto_rawDesc = "" +
 	"\x05drain\x18\x04 \x01(\v2\x18.leasehold.node.v1.DrainH\x00R\x05drain\x129\n" +
 	"\bpushback\x18\x05 \x01(\v2\x1b.leasehold.node.v1.PushbackH\x00R\bpushback\x12F\n" +
 	"\rheartbeat_ack\x18\x06 \x01(\v2\x1f.leasehold.node.v1.HeartbeatAckH\x00R\fheartbeatAck\x12I\n" +
-	"\x0ecancel_command\x18\a \x01(\v2 .leasehold.node.v1.CancelCommandH\x00R\rcancelCommandB\x05\n" +
+	"\x0ecancel_command\x18\a \x01(\v2 .leasehold.node.v1.CancelCommandH\x00R\rcancelCommand\x12@\n" +
+	"\vopen_tunnel\x18\b \x01(\v2\x1d.leasehold.node.v1.OpenTunnelH\x00R\n" +
+	"openTunnelB\x05\n" +
 	"\x03msg\"\xdd\x02\n" +
 	"\x05Hello\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1e\n" +
@@ -1790,7 +2103,26 @@ const file_leasehold_node_v1_node_proto_rawDesc = "" +
 	"\tCancelAck\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12:\n" +
-	"\aoutcome\x18\x02 \x01(\x0e2 .leasehold.node.v1.CancelOutcomeR\aoutcome*S\n" +
+	"\aoutcome\x18\x02 \x01(\x0e2 .leasehold.node.v1.CancelOutcomeR\aoutcome\"w\n" +
+	"\n" +
+	"OpenTunnel\x12\x1b\n" +
+	"\ttunnel_id\x18\x01 \x01(\tR\btunnelId\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\fR\x05token\x12\x14\n" +
+	"\x04port\x18\x03 \x01(\rH\x00R\x04port\x12\x16\n" +
+	"\x05shell\x18\x04 \x01(\bH\x00R\x05shellB\b\n" +
+	"\x06target\"\x85\x01\n" +
+	"\fTunnelAttach\x12\x1b\n" +
+	"\ttunnel_id\x18\x01 \x01(\tR\btunnelId\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\fR\x05token\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x03 \x01(\rR\terrorCode\x12#\n" +
+	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\"\\\n" +
+	"\rTunnelRequest\x127\n" +
+	"\x06attach\x18\x01 \x01(\v2\x1f.leasehold.node.v1.TunnelAttachR\x06attach\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"6\n" +
+	"\x0eTunnelResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x10\n" +
+	"\x03eof\x18\x02 \x01(\bR\x03eof*S\n" +
 	"\bNodeKind\x12\x19\n" +
 	"\x15NODE_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eNODE_KIND_NODE\x10\x01\x12\x18\n" +
@@ -1803,9 +2135,10 @@ const file_leasehold_node_v1_node_proto_rawDesc = "" +
 	"\x1aCANCEL_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CANCEL_OUTCOME_STOPPED\x10\x01\x12#\n" +
 	"\x1fCANCEL_OUTCOME_ALREADY_FINISHED\x10\x02\x12\x1e\n" +
-	"\x1aCANCEL_OUTCOME_NOT_STARTED\x10\x032j\n" +
+	"\x1aCANCEL_OUTCOME_NOT_STARTED\x10\x032\xbd\x01\n" +
 	"\x12NodeGatewayService\x12T\n" +
-	"\aConnect\x12!.leasehold.node.v1.ConnectRequest\x1a\".leasehold.node.v1.ConnectResponse(\x010\x01B\xc9\x01\n" +
+	"\aConnect\x12!.leasehold.node.v1.ConnectRequest\x1a\".leasehold.node.v1.ConnectResponse(\x010\x01\x12Q\n" +
+	"\x06Tunnel\x12 .leasehold.node.v1.TunnelRequest\x1a!.leasehold.node.v1.TunnelResponse(\x010\x01B\xc9\x01\n" +
 	"\x15com.leasehold.node.v1B\tNodeProtoP\x01Z?github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1;nodev1\xa2\x02\x03LNX\xaa\x02\x11Leasehold.Node.V1\xca\x02\x11Leasehold\\Node\\V1\xe2\x02\x1dLeasehold\\Node\\V1\\GPBMetadata\xea\x02\x13Leasehold::Node::V1b\x06proto3"
 
 var (
@@ -1821,7 +2154,7 @@ func file_leasehold_node_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_node_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_leasehold_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_leasehold_node_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_leasehold_node_v1_node_proto_goTypes = []any{
 	(NodeKind)(0),                 // 0: leasehold.node.v1.NodeKind
 	(OutputStream)(0),             // 1: leasehold.node.v1.OutputStream
@@ -1844,12 +2177,16 @@ var file_leasehold_node_v1_node_proto_goTypes = []any{
 	(*CommandOutput)(nil),         // 18: leasehold.node.v1.CommandOutput
 	(*CancelCommand)(nil),         // 19: leasehold.node.v1.CancelCommand
 	(*CancelAck)(nil),             // 20: leasehold.node.v1.CancelAck
-	nil,                           // 21: leasehold.node.v1.Hello.LabelsEntry
-	nil,                           // 22: leasehold.node.v1.NodeSpec.LabelsEntry
-	nil,                           // 23: leasehold.node.v1.NodeSpec.AttributesEntry
-	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 25: google.protobuf.Struct
-	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
+	(*OpenTunnel)(nil),            // 21: leasehold.node.v1.OpenTunnel
+	(*TunnelAttach)(nil),          // 22: leasehold.node.v1.TunnelAttach
+	(*TunnelRequest)(nil),         // 23: leasehold.node.v1.TunnelRequest
+	(*TunnelResponse)(nil),        // 24: leasehold.node.v1.TunnelResponse
+	nil,                           // 25: leasehold.node.v1.Hello.LabelsEntry
+	nil,                           // 26: leasehold.node.v1.NodeSpec.LabelsEntry
+	nil,                           // 27: leasehold.node.v1.NodeSpec.AttributesEntry
+	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 29: google.protobuf.Struct
+	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
 }
 var file_leasehold_node_v1_node_proto_depIdxs = []int32{
 	5,  // 0: leasehold.node.v1.ConnectRequest.hello:type_name -> leasehold.node.v1.Hello
@@ -1866,35 +2203,39 @@ var file_leasehold_node_v1_node_proto_depIdxs = []int32{
 	14, // 11: leasehold.node.v1.ConnectResponse.pushback:type_name -> leasehold.node.v1.Pushback
 	15, // 12: leasehold.node.v1.ConnectResponse.heartbeat_ack:type_name -> leasehold.node.v1.HeartbeatAck
 	19, // 13: leasehold.node.v1.ConnectResponse.cancel_command:type_name -> leasehold.node.v1.CancelCommand
-	0,  // 14: leasehold.node.v1.Hello.kind:type_name -> leasehold.node.v1.NodeKind
-	21, // 15: leasehold.node.v1.Hello.labels:type_name -> leasehold.node.v1.Hello.LabelsEntry
-	24, // 16: leasehold.node.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	24, // 17: leasehold.node.v1.CommandResult.started_at:type_name -> google.protobuf.Timestamp
-	24, // 18: leasehold.node.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	25, // 19: leasehold.node.v1.Event.payload:type_name -> google.protobuf.Struct
-	24, // 20: leasehold.node.v1.Event.occurred_at:type_name -> google.protobuf.Timestamp
-	16, // 21: leasehold.node.v1.Welcome.spec:type_name -> leasehold.node.v1.NodeSpec
-	26, // 22: leasehold.node.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	24, // 23: leasehold.node.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	16, // 24: leasehold.node.v1.NodeSpecUpdate.spec:type_name -> leasehold.node.v1.NodeSpec
-	26, // 25: leasehold.node.v1.Drain.delay:type_name -> google.protobuf.Duration
-	26, // 26: leasehold.node.v1.Pushback.retry_after:type_name -> google.protobuf.Duration
-	22, // 27: leasehold.node.v1.NodeSpec.labels:type_name -> leasehold.node.v1.NodeSpec.LabelsEntry
-	17, // 28: leasehold.node.v1.NodeSpec.site_boot:type_name -> leasehold.node.v1.SiteBoot
-	23, // 29: leasehold.node.v1.NodeSpec.attributes:type_name -> leasehold.node.v1.NodeSpec.AttributesEntry
-	24, // 30: leasehold.node.v1.SiteBoot.granted_at:type_name -> google.protobuf.Timestamp
-	24, // 31: leasehold.node.v1.SiteBoot.expires_at:type_name -> google.protobuf.Timestamp
-	26, // 32: leasehold.node.v1.SiteBoot.lease_ttl:type_name -> google.protobuf.Duration
-	26, // 33: leasehold.node.v1.SiteBoot.promote_after:type_name -> google.protobuf.Duration
-	1,  // 34: leasehold.node.v1.CommandOutput.stream:type_name -> leasehold.node.v1.OutputStream
-	2,  // 35: leasehold.node.v1.CancelAck.outcome:type_name -> leasehold.node.v1.CancelOutcome
-	3,  // 36: leasehold.node.v1.NodeGatewayService.Connect:input_type -> leasehold.node.v1.ConnectRequest
-	4,  // 37: leasehold.node.v1.NodeGatewayService.Connect:output_type -> leasehold.node.v1.ConnectResponse
-	37, // [37:38] is the sub-list for method output_type
-	36, // [36:37] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	21, // 14: leasehold.node.v1.ConnectResponse.open_tunnel:type_name -> leasehold.node.v1.OpenTunnel
+	0,  // 15: leasehold.node.v1.Hello.kind:type_name -> leasehold.node.v1.NodeKind
+	25, // 16: leasehold.node.v1.Hello.labels:type_name -> leasehold.node.v1.Hello.LabelsEntry
+	28, // 17: leasehold.node.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	28, // 18: leasehold.node.v1.CommandResult.started_at:type_name -> google.protobuf.Timestamp
+	28, // 19: leasehold.node.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	29, // 20: leasehold.node.v1.Event.payload:type_name -> google.protobuf.Struct
+	28, // 21: leasehold.node.v1.Event.occurred_at:type_name -> google.protobuf.Timestamp
+	16, // 22: leasehold.node.v1.Welcome.spec:type_name -> leasehold.node.v1.NodeSpec
+	30, // 23: leasehold.node.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	28, // 24: leasehold.node.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	16, // 25: leasehold.node.v1.NodeSpecUpdate.spec:type_name -> leasehold.node.v1.NodeSpec
+	30, // 26: leasehold.node.v1.Drain.delay:type_name -> google.protobuf.Duration
+	30, // 27: leasehold.node.v1.Pushback.retry_after:type_name -> google.protobuf.Duration
+	26, // 28: leasehold.node.v1.NodeSpec.labels:type_name -> leasehold.node.v1.NodeSpec.LabelsEntry
+	17, // 29: leasehold.node.v1.NodeSpec.site_boot:type_name -> leasehold.node.v1.SiteBoot
+	27, // 30: leasehold.node.v1.NodeSpec.attributes:type_name -> leasehold.node.v1.NodeSpec.AttributesEntry
+	28, // 31: leasehold.node.v1.SiteBoot.granted_at:type_name -> google.protobuf.Timestamp
+	28, // 32: leasehold.node.v1.SiteBoot.expires_at:type_name -> google.protobuf.Timestamp
+	30, // 33: leasehold.node.v1.SiteBoot.lease_ttl:type_name -> google.protobuf.Duration
+	30, // 34: leasehold.node.v1.SiteBoot.promote_after:type_name -> google.protobuf.Duration
+	1,  // 35: leasehold.node.v1.CommandOutput.stream:type_name -> leasehold.node.v1.OutputStream
+	2,  // 36: leasehold.node.v1.CancelAck.outcome:type_name -> leasehold.node.v1.CancelOutcome
+	22, // 37: leasehold.node.v1.TunnelRequest.attach:type_name -> leasehold.node.v1.TunnelAttach
+	3,  // 38: leasehold.node.v1.NodeGatewayService.Connect:input_type -> leasehold.node.v1.ConnectRequest
+	23, // 39: leasehold.node.v1.NodeGatewayService.Tunnel:input_type -> leasehold.node.v1.TunnelRequest
+	4,  // 40: leasehold.node.v1.NodeGatewayService.Connect:output_type -> leasehold.node.v1.ConnectResponse
+	24, // 41: leasehold.node.v1.NodeGatewayService.Tunnel:output_type -> leasehold.node.v1.TunnelResponse
+	40, // [40:42] is the sub-list for method output_type
+	38, // [38:40] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_node_v1_node_proto_init() }
@@ -1919,6 +2260,11 @@ func file_leasehold_node_v1_node_proto_init() {
 		(*ConnectResponse_Pushback)(nil),
 		(*ConnectResponse_HeartbeatAck)(nil),
 		(*ConnectResponse_CancelCommand)(nil),
+		(*ConnectResponse_OpenTunnel)(nil),
+	}
+	file_leasehold_node_v1_node_proto_msgTypes[18].OneofWrappers = []any{
+		(*OpenTunnel_Port)(nil),
+		(*OpenTunnel_Shell)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1926,7 +2272,7 @@ func file_leasehold_node_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_node_v1_node_proto_rawDesc), len(file_leasehold_node_v1_node_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   21,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

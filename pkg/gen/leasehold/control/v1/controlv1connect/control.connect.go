@@ -119,6 +119,9 @@ const (
 	// ControlServiceStreamCommandOutputProcedure is the fully-qualified name of the ControlService's
 	// StreamCommandOutput RPC.
 	ControlServiceStreamCommandOutputProcedure = "/leasehold.control.v1.ControlService/StreamCommandOutput"
+	// ControlServiceOpenTunnelProcedure is the fully-qualified name of the ControlService's OpenTunnel
+	// RPC.
+	ControlServiceOpenTunnelProcedure = "/leasehold.control.v1.ControlService/OpenTunnel"
 )
 
 // ControlServiceClient is a client for the leasehold.control.v1.ControlService service.
@@ -186,6 +189,14 @@ type ControlServiceClient interface {
 	// what is stored first, then new output as the node writes it, and ends
 	// once the command has finished and all its output was sent.
 	StreamCommandOutput(context.Context, *connect.Request[v1.StreamCommandOutputRequest]) (*connect.ServerStreamForClient[v1.StreamCommandOutputResponse], error)
+	// OpenTunnel relays bytes between the caller and a TCP port on a node's
+	// loopback (or a shell the node's daemon allows) through the gateway that
+	// holds the node's session. The first request names the node and the
+	// target; the first response says the tunnel is open; then data flows
+	// both ways. The caller half-closes by closing its send side; the node's
+	// side half-closes with a response whose eof is set. The tunnel dies with
+	// its gateway or the node's session (UNAVAILABLE): open a new one.
+	OpenTunnel(context.Context) *connect.BidiStreamForClient[v1.OpenTunnelRequest, v1.OpenTunnelResponse]
 }
 
 // NewControlServiceClient constructs a client for the leasehold.control.v1.ControlService service.
@@ -367,6 +378,12 @@ func NewControlServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(controlServiceMethods.ByName("StreamCommandOutput")),
 			connect.WithClientOptions(opts...),
 		),
+		openTunnel: connect.NewClient[v1.OpenTunnelRequest, v1.OpenTunnelResponse](
+			httpClient,
+			baseURL+ControlServiceOpenTunnelProcedure,
+			connect.WithSchema(controlServiceMethods.ByName("OpenTunnel")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -400,6 +417,7 @@ type controlServiceClient struct {
 	decommissionNode    *connect.Client[v1.DecommissionNodeRequest, v1.DecommissionNodeResponse]
 	listAuditEvents     *connect.Client[v1.ListAuditEventsRequest, v1.ListAuditEventsResponse]
 	streamCommandOutput *connect.Client[v1.StreamCommandOutputRequest, v1.StreamCommandOutputResponse]
+	openTunnel          *connect.Client[v1.OpenTunnelRequest, v1.OpenTunnelResponse]
 }
 
 // RegisterNode calls leasehold.control.v1.ControlService.RegisterNode.
@@ -542,6 +560,11 @@ func (c *controlServiceClient) StreamCommandOutput(ctx context.Context, req *con
 	return c.streamCommandOutput.CallServerStream(ctx, req)
 }
 
+// OpenTunnel calls leasehold.control.v1.ControlService.OpenTunnel.
+func (c *controlServiceClient) OpenTunnel(ctx context.Context) *connect.BidiStreamForClient[v1.OpenTunnelRequest, v1.OpenTunnelResponse] {
+	return c.openTunnel.CallBidiStream(ctx)
+}
+
 // ControlServiceHandler is an implementation of the leasehold.control.v1.ControlService service.
 type ControlServiceHandler interface {
 	// RegisterNode creates a node and returns its credential, once.
@@ -607,6 +630,14 @@ type ControlServiceHandler interface {
 	// what is stored first, then new output as the node writes it, and ends
 	// once the command has finished and all its output was sent.
 	StreamCommandOutput(context.Context, *connect.Request[v1.StreamCommandOutputRequest], *connect.ServerStream[v1.StreamCommandOutputResponse]) error
+	// OpenTunnel relays bytes between the caller and a TCP port on a node's
+	// loopback (or a shell the node's daemon allows) through the gateway that
+	// holds the node's session. The first request names the node and the
+	// target; the first response says the tunnel is open; then data flows
+	// both ways. The caller half-closes by closing its send side; the node's
+	// side half-closes with a response whose eof is set. The tunnel dies with
+	// its gateway or the node's session (UNAVAILABLE): open a new one.
+	OpenTunnel(context.Context, *connect.BidiStream[v1.OpenTunnelRequest, v1.OpenTunnelResponse]) error
 }
 
 // NewControlServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -784,6 +815,12 @@ func NewControlServiceHandler(svc ControlServiceHandler, opts ...connect.Handler
 		connect.WithSchema(controlServiceMethods.ByName("StreamCommandOutput")),
 		connect.WithHandlerOptions(opts...),
 	)
+	controlServiceOpenTunnelHandler := connect.NewBidiStreamHandler(
+		ControlServiceOpenTunnelProcedure,
+		svc.OpenTunnel,
+		connect.WithSchema(controlServiceMethods.ByName("OpenTunnel")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/leasehold.control.v1.ControlService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ControlServiceRegisterNodeProcedure:
@@ -842,6 +879,8 @@ func NewControlServiceHandler(svc ControlServiceHandler, opts ...connect.Handler
 			controlServiceListAuditEventsHandler.ServeHTTP(w, r)
 		case ControlServiceStreamCommandOutputProcedure:
 			controlServiceStreamCommandOutputHandler.ServeHTTP(w, r)
+		case ControlServiceOpenTunnelProcedure:
+			controlServiceOpenTunnelHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -961,4 +1000,8 @@ func (UnimplementedControlServiceHandler) ListAuditEvents(context.Context, *conn
 
 func (UnimplementedControlServiceHandler) StreamCommandOutput(context.Context, *connect.Request[v1.StreamCommandOutputRequest], *connect.ServerStream[v1.StreamCommandOutputResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.StreamCommandOutput is not implemented"))
+}
+
+func (UnimplementedControlServiceHandler) OpenTunnel(context.Context, *connect.BidiStream[v1.OpenTunnelRequest, v1.OpenTunnelResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.OpenTunnel is not implemented"))
 }

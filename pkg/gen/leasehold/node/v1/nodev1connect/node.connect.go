@@ -40,6 +40,9 @@ const (
 	// NodeGatewayServiceConnectProcedure is the fully-qualified name of the NodeGatewayService's
 	// Connect RPC.
 	NodeGatewayServiceConnectProcedure = "/leasehold.node.v1.NodeGatewayService/Connect"
+	// NodeGatewayServiceTunnelProcedure is the fully-qualified name of the NodeGatewayService's Tunnel
+	// RPC.
+	NodeGatewayServiceTunnelProcedure = "/leasehold.node.v1.NodeGatewayService/Tunnel"
 )
 
 // NodeGatewayServiceClient is a client for the leasehold.node.v1.NodeGatewayService service.
@@ -50,6 +53,12 @@ type NodeGatewayServiceClient interface {
 	// or learns that the node has said Hello elsewhere, closes the stream with
 	// UNAVAILABLE and the daemon redials with jittered back-off.
 	Connect(context.Context) *connect.BidiStreamForClient[v1.ConnectRequest, v1.ConnectResponse]
+	// Tunnel carries one tunnel's bytes. The daemon opens it on the same
+	// connection as its session when its session stream brings an OpenTunnel,
+	// so tunnel bytes never wait behind, or block, the session stream. The
+	// first request is a TunnelAttach; then data flows both ways. The daemon
+	// half-closes by closing its send side, the gateway with eof.
+	Tunnel(context.Context) *connect.BidiStreamForClient[v1.TunnelRequest, v1.TunnelResponse]
 }
 
 // NewNodeGatewayServiceClient constructs a client for the leasehold.node.v1.NodeGatewayService
@@ -69,17 +78,29 @@ func NewNodeGatewayServiceClient(httpClient connect.HTTPClient, baseURL string, 
 			connect.WithSchema(nodeGatewayServiceMethods.ByName("Connect")),
 			connect.WithClientOptions(opts...),
 		),
+		tunnel: connect.NewClient[v1.TunnelRequest, v1.TunnelResponse](
+			httpClient,
+			baseURL+NodeGatewayServiceTunnelProcedure,
+			connect.WithSchema(nodeGatewayServiceMethods.ByName("Tunnel")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // nodeGatewayServiceClient implements NodeGatewayServiceClient.
 type nodeGatewayServiceClient struct {
 	connect *connect.Client[v1.ConnectRequest, v1.ConnectResponse]
+	tunnel  *connect.Client[v1.TunnelRequest, v1.TunnelResponse]
 }
 
 // Connect calls leasehold.node.v1.NodeGatewayService.Connect.
 func (c *nodeGatewayServiceClient) Connect(ctx context.Context) *connect.BidiStreamForClient[v1.ConnectRequest, v1.ConnectResponse] {
 	return c.connect.CallBidiStream(ctx)
+}
+
+// Tunnel calls leasehold.node.v1.NodeGatewayService.Tunnel.
+func (c *nodeGatewayServiceClient) Tunnel(ctx context.Context) *connect.BidiStreamForClient[v1.TunnelRequest, v1.TunnelResponse] {
+	return c.tunnel.CallBidiStream(ctx)
 }
 
 // NodeGatewayServiceHandler is an implementation of the leasehold.node.v1.NodeGatewayService
@@ -91,6 +112,12 @@ type NodeGatewayServiceHandler interface {
 	// or learns that the node has said Hello elsewhere, closes the stream with
 	// UNAVAILABLE and the daemon redials with jittered back-off.
 	Connect(context.Context, *connect.BidiStream[v1.ConnectRequest, v1.ConnectResponse]) error
+	// Tunnel carries one tunnel's bytes. The daemon opens it on the same
+	// connection as its session when its session stream brings an OpenTunnel,
+	// so tunnel bytes never wait behind, or block, the session stream. The
+	// first request is a TunnelAttach; then data flows both ways. The daemon
+	// half-closes by closing its send side, the gateway with eof.
+	Tunnel(context.Context, *connect.BidiStream[v1.TunnelRequest, v1.TunnelResponse]) error
 }
 
 // NewNodeGatewayServiceHandler builds an HTTP handler from the service implementation. It returns
@@ -106,10 +133,18 @@ func NewNodeGatewayServiceHandler(svc NodeGatewayServiceHandler, opts ...connect
 		connect.WithSchema(nodeGatewayServiceMethods.ByName("Connect")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeGatewayServiceTunnelHandler := connect.NewBidiStreamHandler(
+		NodeGatewayServiceTunnelProcedure,
+		svc.Tunnel,
+		connect.WithSchema(nodeGatewayServiceMethods.ByName("Tunnel")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/leasehold.node.v1.NodeGatewayService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case NodeGatewayServiceConnectProcedure:
 			nodeGatewayServiceConnectHandler.ServeHTTP(w, r)
+		case NodeGatewayServiceTunnelProcedure:
+			nodeGatewayServiceTunnelHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -121,4 +156,8 @@ type UnimplementedNodeGatewayServiceHandler struct{}
 
 func (UnimplementedNodeGatewayServiceHandler) Connect(context.Context, *connect.BidiStream[v1.ConnectRequest, v1.ConnectResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.node.v1.NodeGatewayService.Connect is not implemented"))
+}
+
+func (UnimplementedNodeGatewayServiceHandler) Tunnel(context.Context, *connect.BidiStream[v1.TunnelRequest, v1.TunnelResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.node.v1.NodeGatewayService.Tunnel is not implemented"))
 }

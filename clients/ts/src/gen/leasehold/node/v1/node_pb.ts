@@ -17,7 +17,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file leasehold/node/v1/node.proto.
  */
 export const file_leasehold_node_v1_node: GenFile = /*@__PURE__*/
-  fileDesc("ChxsZWFzZWhvbGQvbm9kZS92MS9ub2RlLnByb3RvEhFsZWFzZWhvbGQubm9kZS52MSKCAwoOQ29ubmVjdFJlcXVlc3QSKQoFaGVsbG8YASABKAsyGC5sZWFzZWhvbGQubm9kZS52MS5IZWxsb0gAEjEKCWhlYXJ0YmVhdBgCIAEoCzIcLmxlYXNlaG9sZC5ub2RlLnYxLkhlYXJ0YmVhdEgAEjQKC2NvbW1hbmRfYWNrGAMgASgLMh0ubGVhc2Vob2xkLm5vZGUudjEuQ29tbWFuZEFja0gAEjoKDmNvbW1hbmRfcmVzdWx0GAQgASgLMiAubGVhc2Vob2xkLm5vZGUudjEuQ29tbWFuZFJlc3VsdEgAEikKBWV2ZW50GAUgASgLMhgubGVhc2Vob2xkLm5vZGUudjEuRXZlbnRIABI6Cg5jb21tYW5kX291dHB1dBgGIAEoCzIgLmxlYXNlaG9sZC5ub2RlLnYxLkNvbW1hbmRPdXRwdXRIABIyCgpjYW5jZWxfYWNrGAcgASgLMhwubGVhc2Vob2xkLm5vZGUudjEuQ2FuY2VsQWNrSABCBQoDbXNnIocDCg9Db25uZWN0UmVzcG9uc2USLQoHd2VsY29tZRgBIAEoCzIaLmxlYXNlaG9sZC5ub2RlLnYxLldlbGNvbWVIABItCgdjb21tYW5kGAIgASgLMhoubGVhc2Vob2xkLm5vZGUudjEuQ29tbWFuZEgAEj0KEG5vZGVfc3BlY191cGRhdGUYAyABKAsyIS5sZWFzZWhvbGQubm9kZS52MS5Ob2RlU3BlY1VwZGF0ZUgAEikKBWRyYWluGAQgASgLMhgubGVhc2Vob2xkLm5vZGUudjEuRHJhaW5IABIvCghwdXNoYmFjaxgFIAEoCzIbLmxlYXNlaG9sZC5ub2RlLnYxLlB1c2hiYWNrSAASOAoNaGVhcnRiZWF0X2FjaxgGIAEoCzIfLmxlYXNlaG9sZC5ub2RlLnYxLkhlYXJ0YmVhdEFja0gAEjoKDmNhbmNlbF9jb21tYW5kGAcgASgLMiAubGVhc2Vob2xkLm5vZGUudjEuQ2FuY2VsQ29tbWFuZEgAQgUKA21zZyKEAgoFSGVsbG8SDwoHbm9kZV9pZBgBIAEoCRISCgpjcmVkZW50aWFsGAIgASgJEhYKDmRhZW1vbl92ZXJzaW9uGAMgASgJEh0KFWluX2ZsaWdodF9jb21tYW5kX2lkcxgEIAMoCRIpCgRraW5kGAUgASgOMhsubGVhc2Vob2xkLm5vZGUudjEuTm9kZUtpbmQSDwoHc2l0ZV9pZBgGIAEoCRI0CgZsYWJlbHMYByADKAsyJC5sZWFzZWhvbGQubm9kZS52MS5IZWxsby5MYWJlbHNFbnRyeRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkoKCUhlYXJ0YmVhdBIrCgdzZW50X2F0GAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghzZXF1ZW5jZRgCIAEoBCIgCgpDb21tYW5kQWNrEhIKCmNvbW1hbmRfaWQYASABKAkiyQEKDUNvbW1hbmRSZXN1bHQSEgoKY29tbWFuZF9pZBgBIAEoCRIRCglyZXN1bHRfaWQYAiABKAkSEQoJZXhpdF9jb2RlGAMgASgFEg4KBm91dHB1dBgEIAEoDBINCgVlcnJvchgFIAEoCRIuCgpzdGFydGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAilgEKBUV2ZW50EhAKCGV2ZW50X2lkGAEgASgJEgwKBGtpbmQYAiABKAkSKAoHcGF5bG9hZBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSLwoLb2NjdXJyZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhIKCmJvb3RfZXBvY2gYBSABKAQilgEKB1dlbGNvbWUSFQoNc2Vzc2lvbl9lcG9jaBgBIAEoAxIpCgRzcGVjGAIgASgLMhsubGVhc2Vob2xkLm5vZGUudjEuTm9kZVNwZWMSNQoSaGVhcnRiZWF0X2ludGVydmFsGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhIKCmdhdGV3YXlfaWQYBCABKAkiggEKB0NvbW1hbmQSEgoKY29tbWFuZF9pZBgBIAEoCRIMCgRraW5kGAIgASgJEg8KB3BheWxvYWQYAyABKAwSLAoIZGVhZGxpbmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhYKDmRpc3BhdGNoX2NvdW50GAUgASgFIjsKDk5vZGVTcGVjVXBkYXRlEikKBHNwZWMYASABKAsyGy5sZWFzZWhvbGQubm9kZS52MS5Ob2RlU3BlYyJBCgVEcmFpbhIoCgVkZWxheRgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIOCgZyZWFzb24YAiABKAkiSgoIUHVzaGJhY2sSLgoLcmV0cnlfYWZ0ZXIYASABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGcmVhc29uGAIgASgJIiAKDEhlYXJ0YmVhdEFjaxIQCghzZXF1ZW5jZRgBIAEoBCKtAgoITm9kZVNwZWMSNwoGbGFiZWxzGAEgAygLMicubGVhc2Vob2xkLm5vZGUudjEuTm9kZVNwZWMuTGFiZWxzRW50cnkSFQoNZGVzaXJlZF9zdGF0ZRgCIAEoCRIuCglzaXRlX2Jvb3QYAyABKAsyGy5sZWFzZWhvbGQubm9kZS52MS5TaXRlQm9vdBI/CgphdHRyaWJ1dGVzGAQgAygLMisubGVhc2Vob2xkLm5vZGUudjEuTm9kZVNwZWMuQXR0cmlidXRlc0VudHJ5Gi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEaMQoPQXR0cmlidXRlc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEi+gEKCFNpdGVCb290Eg4KBmFjdGl2ZRgBIAEoCBINCgVlcG9jaBgCIAEoBBIPCgdzaXRlX2lkGAMgASgJEi4KCmdyYW50ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmV4cGlyZXNfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCWxlYXNlX3R0bBgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIwCg1wcm9tb3RlX2FmdGVyGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uInIKDUNvbW1hbmRPdXRwdXQSEgoKY29tbWFuZF9pZBgBIAEoCRIOCgZvZmZzZXQYAiABKAMSLwoGc3RyZWFtGAMgASgOMh8ubGVhc2Vob2xkLm5vZGUudjEuT3V0cHV0U3RyZWFtEgwKBGRhdGEYBCABKAwiIwoNQ2FuY2VsQ29tbWFuZBISCgpjb21tYW5kX2lkGAEgASgJIlIKCUNhbmNlbEFjaxISCgpjb21tYW5kX2lkGAEgASgJEjEKB291dGNvbWUYAiABKA4yIC5sZWFzZWhvbGQubm9kZS52MS5DYW5jZWxPdXRjb21lKlMKCE5vZGVLaW5kEhkKFU5PREVfS0lORF9VTlNQRUNJRklFRBAAEhIKDk5PREVfS0lORF9OT0RFEAESGAoUTk9ERV9LSU5EX1NJVEVfQUdFTlQQAiphCgxPdXRwdXRTdHJlYW0SHQoZT1VUUFVUX1NUUkVBTV9VTlNQRUNJRklFRBAAEhgKFE9VVFBVVF9TVFJFQU1fU1RET1VUEAESGAoUT1VUUFVUX1NUUkVBTV9TVERFUlIQAiqQAQoNQ2FuY2VsT3V0Y29tZRIeChpDQU5DRUxfT1VUQ09NRV9VTlNQRUNJRklFRBAAEhoKFkNBTkNFTF9PVVRDT01FX1NUT1BQRUQQARIjCh9DQU5DRUxfT1VUQ09NRV9BTFJFQURZX0ZJTklTSEVEEAISHgoaQ0FOQ0VMX09VVENPTUVfTk9UX1NUQVJURUQQAzJqChJOb2RlR2F0ZXdheVNlcnZpY2USVAoHQ29ubmVjdBIhLmxlYXNlaG9sZC5ub2RlLnYxLkNvbm5lY3RSZXF1ZXN0GiIubGVhc2Vob2xkLm5vZGUudjEuQ29ubmVjdFJlc3BvbnNlKAEwAWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("ChxsZWFzZWhvbGQvbm9kZS92MS9ub2RlLnByb3RvEhFsZWFzZWhvbGQubm9kZS52MSKCAwoOQ29ubmVjdFJlcXVlc3QSKQoFaGVsbG8YASABKAsyGC5sZWFzZWhvbGQubm9kZS52MS5IZWxsb0gAEjEKCWhlYXJ0YmVhdBgCIAEoCzIcLmxlYXNlaG9sZC5ub2RlLnYxLkhlYXJ0YmVhdEgAEjQKC2NvbW1hbmRfYWNrGAMgASgLMh0ubGVhc2Vob2xkLm5vZGUudjEuQ29tbWFuZEFja0gAEjoKDmNvbW1hbmRfcmVzdWx0GAQgASgLMiAubGVhc2Vob2xkLm5vZGUudjEuQ29tbWFuZFJlc3VsdEgAEikKBWV2ZW50GAUgASgLMhgubGVhc2Vob2xkLm5vZGUudjEuRXZlbnRIABI6Cg5jb21tYW5kX291dHB1dBgGIAEoCzIgLmxlYXNlaG9sZC5ub2RlLnYxLkNvbW1hbmRPdXRwdXRIABIyCgpjYW5jZWxfYWNrGAcgASgLMhwubGVhc2Vob2xkLm5vZGUudjEuQ2FuY2VsQWNrSABCBQoDbXNnIr0DCg9Db25uZWN0UmVzcG9uc2USLQoHd2VsY29tZRgBIAEoCzIaLmxlYXNlaG9sZC5ub2RlLnYxLldlbGNvbWVIABItCgdjb21tYW5kGAIgASgLMhoubGVhc2Vob2xkLm5vZGUudjEuQ29tbWFuZEgAEj0KEG5vZGVfc3BlY191cGRhdGUYAyABKAsyIS5sZWFzZWhvbGQubm9kZS52MS5Ob2RlU3BlY1VwZGF0ZUgAEikKBWRyYWluGAQgASgLMhgubGVhc2Vob2xkLm5vZGUudjEuRHJhaW5IABIvCghwdXNoYmFjaxgFIAEoCzIbLmxlYXNlaG9sZC5ub2RlLnYxLlB1c2hiYWNrSAASOAoNaGVhcnRiZWF0X2FjaxgGIAEoCzIfLmxlYXNlaG9sZC5ub2RlLnYxLkhlYXJ0YmVhdEFja0gAEjoKDmNhbmNlbF9jb21tYW5kGAcgASgLMiAubGVhc2Vob2xkLm5vZGUudjEuQ2FuY2VsQ29tbWFuZEgAEjQKC29wZW5fdHVubmVsGAggASgLMh0ubGVhc2Vob2xkLm5vZGUudjEuT3BlblR1bm5lbEgAQgUKA21zZyKEAgoFSGVsbG8SDwoHbm9kZV9pZBgBIAEoCRISCgpjcmVkZW50aWFsGAIgASgJEhYKDmRhZW1vbl92ZXJzaW9uGAMgASgJEh0KFWluX2ZsaWdodF9jb21tYW5kX2lkcxgEIAMoCRIpCgRraW5kGAUgASgOMhsubGVhc2Vob2xkLm5vZGUudjEuTm9kZUtpbmQSDwoHc2l0ZV9pZBgGIAEoCRI0CgZsYWJlbHMYByADKAsyJC5sZWFzZWhvbGQubm9kZS52MS5IZWxsby5MYWJlbHNFbnRyeRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkoKCUhlYXJ0YmVhdBIrCgdzZW50X2F0GAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghzZXF1ZW5jZRgCIAEoBCIgCgpDb21tYW5kQWNrEhIKCmNvbW1hbmRfaWQYASABKAkiyQEKDUNvbW1hbmRSZXN1bHQSEgoKY29tbWFuZF9pZBgBIAEoCRIRCglyZXN1bHRfaWQYAiABKAkSEQoJZXhpdF9jb2RlGAMgASgFEg4KBm91dHB1dBgEIAEoDBINCgVlcnJvchgFIAEoCRIuCgpzdGFydGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtmaW5pc2hlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAilgEKBUV2ZW50EhAKCGV2ZW50X2lkGAEgASgJEgwKBGtpbmQYAiABKAkSKAoHcGF5bG9hZBgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSLwoLb2NjdXJyZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhIKCmJvb3RfZXBvY2gYBSABKAQilgEKB1dlbGNvbWUSFQoNc2Vzc2lvbl9lcG9jaBgBIAEoAxIpCgRzcGVjGAIgASgLMhsubGVhc2Vob2xkLm5vZGUudjEuTm9kZVNwZWMSNQoSaGVhcnRiZWF0X2ludGVydmFsGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhIKCmdhdGV3YXlfaWQYBCABKAkiggEKB0NvbW1hbmQSEgoKY29tbWFuZF9pZBgBIAEoCRIMCgRraW5kGAIgASgJEg8KB3BheWxvYWQYAyABKAwSLAoIZGVhZGxpbmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhYKDmRpc3BhdGNoX2NvdW50GAUgASgFIjsKDk5vZGVTcGVjVXBkYXRlEikKBHNwZWMYASABKAsyGy5sZWFzZWhvbGQubm9kZS52MS5Ob2RlU3BlYyJBCgVEcmFpbhIoCgVkZWxheRgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIOCgZyZWFzb24YAiABKAkiSgoIUHVzaGJhY2sSLgoLcmV0cnlfYWZ0ZXIYASABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGcmVhc29uGAIgASgJIiAKDEhlYXJ0YmVhdEFjaxIQCghzZXF1ZW5jZRgBIAEoBCKtAgoITm9kZVNwZWMSNwoGbGFiZWxzGAEgAygLMicubGVhc2Vob2xkLm5vZGUudjEuTm9kZVNwZWMuTGFiZWxzRW50cnkSFQoNZGVzaXJlZF9zdGF0ZRgCIAEoCRIuCglzaXRlX2Jvb3QYAyABKAsyGy5sZWFzZWhvbGQubm9kZS52MS5TaXRlQm9vdBI/CgphdHRyaWJ1dGVzGAQgAygLMisubGVhc2Vob2xkLm5vZGUudjEuTm9kZVNwZWMuQXR0cmlidXRlc0VudHJ5Gi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEaMQoPQXR0cmlidXRlc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEi+gEKCFNpdGVCb290Eg4KBmFjdGl2ZRgBIAEoCBINCgVlcG9jaBgCIAEoBBIPCgdzaXRlX2lkGAMgASgJEi4KCmdyYW50ZWRfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmV4cGlyZXNfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCWxlYXNlX3R0bBgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIwCg1wcm9tb3RlX2FmdGVyGAcgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uInIKDUNvbW1hbmRPdXRwdXQSEgoKY29tbWFuZF9pZBgBIAEoCRIOCgZvZmZzZXQYAiABKAMSLwoGc3RyZWFtGAMgASgOMh8ubGVhc2Vob2xkLm5vZGUudjEuT3V0cHV0U3RyZWFtEgwKBGRhdGEYBCABKAwiIwoNQ2FuY2VsQ29tbWFuZBISCgpjb21tYW5kX2lkGAEgASgJIlIKCUNhbmNlbEFjaxISCgpjb21tYW5kX2lkGAEgASgJEjEKB291dGNvbWUYAiABKA4yIC5sZWFzZWhvbGQubm9kZS52MS5DYW5jZWxPdXRjb21lIlkKCk9wZW5UdW5uZWwSEQoJdHVubmVsX2lkGAEgASgJEg0KBXRva2VuGAIgASgMEg4KBHBvcnQYAyABKA1IABIPCgVzaGVsbBgEIAEoCEgAQggKBnRhcmdldCJbCgxUdW5uZWxBdHRhY2gSEQoJdHVubmVsX2lkGAEgASgJEg0KBXRva2VuGAIgASgMEhIKCmVycm9yX2NvZGUYAyABKA0SFQoNZXJyb3JfbWVzc2FnZRgEIAEoCSJOCg1UdW5uZWxSZXF1ZXN0Ei8KBmF0dGFjaBgBIAEoCzIfLmxlYXNlaG9sZC5ub2RlLnYxLlR1bm5lbEF0dGFjaBIMCgRkYXRhGAIgASgMIisKDlR1bm5lbFJlc3BvbnNlEgwKBGRhdGEYASABKAwSCwoDZW9mGAIgASgIKlMKCE5vZGVLaW5kEhkKFU5PREVfS0lORF9VTlNQRUNJRklFRBAAEhIKDk5PREVfS0lORF9OT0RFEAESGAoUTk9ERV9LSU5EX1NJVEVfQUdFTlQQAiphCgxPdXRwdXRTdHJlYW0SHQoZT1VUUFVUX1NUUkVBTV9VTlNQRUNJRklFRBAAEhgKFE9VVFBVVF9TVFJFQU1fU1RET1VUEAESGAoUT1VUUFVUX1NUUkVBTV9TVERFUlIQAiqQAQoNQ2FuY2VsT3V0Y29tZRIeChpDQU5DRUxfT1VUQ09NRV9VTlNQRUNJRklFRBAAEhoKFkNBTkNFTF9PVVRDT01FX1NUT1BQRUQQARIjCh9DQU5DRUxfT1VUQ09NRV9BTFJFQURZX0ZJTklTSEVEEAISHgoaQ0FOQ0VMX09VVENPTUVfTk9UX1NUQVJURUQQAzK9AQoSTm9kZUdhdGV3YXlTZXJ2aWNlElQKB0Nvbm5lY3QSIS5sZWFzZWhvbGQubm9kZS52MS5Db25uZWN0UmVxdWVzdBoiLmxlYXNlaG9sZC5ub2RlLnYxLkNvbm5lY3RSZXNwb25zZSgBMAESUQoGVHVubmVsEiAubGVhc2Vob2xkLm5vZGUudjEuVHVubmVsUmVxdWVzdBohLmxlYXNlaG9sZC5ub2RlLnYxLlR1bm5lbFJlc3BvbnNlKAEwAWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * ConnectRequest is one message from the daemon to the gateway.
@@ -168,6 +168,16 @@ export type ConnectResponse = Message<"leasehold.node.v1.ConnectResponse"> & {
      */
     value: CancelCommand;
     case: "cancelCommand";
+  } | {
+    /**
+     * open_tunnel asks the daemon to connect a target and open a Tunnel
+     * stream for it; a daemon that does not know this message ignores it
+     * (the gateway then gives up on the tunnel after its attach timeout).
+     *
+     * @generated from field: leasehold.node.v1.OpenTunnel open_tunnel = 8;
+     */
+    value: OpenTunnel;
+    case: "openTunnel";
   } | { case: undefined; value?: undefined };
 };
 
@@ -823,6 +833,159 @@ export const CancelAckSchema: GenMessage<CancelAck> = /*@__PURE__*/
   messageDesc(file_leasehold_node_v1_node, 17);
 
 /**
+ * OpenTunnel asks the daemon to connect a tunnel's target and attach it.
+ *
+ * @generated from message leasehold.node.v1.OpenTunnel
+ */
+export type OpenTunnel = Message<"leasehold.node.v1.OpenTunnel"> & {
+  /**
+   * tunnel_id is the gateway's id of the tunnel.
+   *
+   * @generated from field: string tunnel_id = 1;
+   */
+  tunnelId: string;
+
+  /**
+   * token proves the attach comes from this session's daemon; it is sent
+   * back in TunnelAttach.
+   *
+   * @generated from field: bytes token = 2;
+   */
+  token: Uint8Array;
+
+  /**
+   * target is what to connect to.
+   *
+   * @generated from oneof leasehold.node.v1.OpenTunnel.target
+   */
+  target: {
+    /**
+     * port is a TCP port on the node's loopback.
+     *
+     * @generated from field: uint32 port = 3;
+     */
+    value: number;
+    case: "port";
+  } | {
+    /**
+     * shell asks for the daemon's shell.
+     *
+     * @generated from field: bool shell = 4;
+     */
+    value: boolean;
+    case: "shell";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message leasehold.node.v1.OpenTunnel.
+ * Use `create(OpenTunnelSchema)` to create a new message.
+ */
+export const OpenTunnelSchema: GenMessage<OpenTunnel> = /*@__PURE__*/
+  messageDesc(file_leasehold_node_v1_node, 18);
+
+/**
+ * TunnelAttach is the first request of a Tunnel stream.
+ *
+ * @generated from message leasehold.node.v1.TunnelAttach
+ */
+export type TunnelAttach = Message<"leasehold.node.v1.TunnelAttach"> & {
+  /**
+   * tunnel_id is the OpenTunnel's tunnel_id.
+   *
+   * @generated from field: string tunnel_id = 1;
+   */
+  tunnelId: string;
+
+  /**
+   * token is the OpenTunnel's token.
+   *
+   * @generated from field: bytes token = 2;
+   */
+  token: Uint8Array;
+
+  /**
+   * error_code, when not zero, refuses the tunnel with this Connect code
+   * (for example 7, PERMISSION_DENIED, for a port outside the allowlist);
+   * the stream then ends.
+   *
+   * @generated from field: uint32 error_code = 3;
+   */
+  errorCode: number;
+
+  /**
+   * error_message says why the tunnel was refused.
+   *
+   * @generated from field: string error_message = 4;
+   */
+  errorMessage: string;
+};
+
+/**
+ * Describes the message leasehold.node.v1.TunnelAttach.
+ * Use `create(TunnelAttachSchema)` to create a new message.
+ */
+export const TunnelAttachSchema: GenMessage<TunnelAttach> = /*@__PURE__*/
+  messageDesc(file_leasehold_node_v1_node, 19);
+
+/**
+ * TunnelRequest is one message of a Tunnel stream from the daemon.
+ *
+ * @generated from message leasehold.node.v1.TunnelRequest
+ */
+export type TunnelRequest = Message<"leasehold.node.v1.TunnelRequest"> & {
+  /**
+   * attach is the first message and only the first.
+   *
+   * @generated from field: leasehold.node.v1.TunnelAttach attach = 1;
+   */
+  attach?: TunnelAttach;
+
+  /**
+   * data is bytes from the target (at most 64 KiB per message).
+   *
+   * @generated from field: bytes data = 2;
+   */
+  data: Uint8Array;
+};
+
+/**
+ * Describes the message leasehold.node.v1.TunnelRequest.
+ * Use `create(TunnelRequestSchema)` to create a new message.
+ */
+export const TunnelRequestSchema: GenMessage<TunnelRequest> = /*@__PURE__*/
+  messageDesc(file_leasehold_node_v1_node, 20);
+
+/**
+ * TunnelResponse is one message of a Tunnel stream to the daemon.
+ *
+ * @generated from message leasehold.node.v1.TunnelResponse
+ */
+export type TunnelResponse = Message<"leasehold.node.v1.TunnelResponse"> & {
+  /**
+   * data is bytes for the target.
+   *
+   * @generated from field: bytes data = 1;
+   */
+  data: Uint8Array;
+
+  /**
+   * eof says the caller will send nothing more: the daemon half-closes the
+   * target's write side.
+   *
+   * @generated from field: bool eof = 2;
+   */
+  eof: boolean;
+};
+
+/**
+ * Describes the message leasehold.node.v1.TunnelResponse.
+ * Use `create(TunnelResponseSchema)` to create a new message.
+ */
+export const TunnelResponseSchema: GenMessage<TunnelResponse> = /*@__PURE__*/
+  messageDesc(file_leasehold_node_v1_node, 21);
+
+/**
  * NodeKind says what sort of process is on the other end of a session.
  *
  * @generated from enum leasehold.node.v1.NodeKind
@@ -954,6 +1117,20 @@ export const NodeGatewayService: GenService<{
     methodKind: "bidi_streaming";
     input: typeof ConnectRequestSchema;
     output: typeof ConnectResponseSchema;
+  },
+  /**
+   * Tunnel carries one tunnel's bytes. The daemon opens it on the same
+   * connection as its session when its session stream brings an OpenTunnel,
+   * so tunnel bytes never wait behind, or block, the session stream. The
+   * first request is a TunnelAttach; then data flows both ways. The daemon
+   * half-closes by closing its send side, the gateway with eof.
+   *
+   * @generated from rpc leasehold.node.v1.NodeGatewayService.Tunnel
+   */
+  tunnel: {
+    methodKind: "bidi_streaming";
+    input: typeof TunnelRequestSchema;
+    output: typeof TunnelResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_leasehold_node_v1_node, 0);

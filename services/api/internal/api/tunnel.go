@@ -1,0 +1,299 @@
+package api
+
+// OpenTunnel (docs/api.md, "Tunnels"): the api validates the first message,
+// finds the gateway that holds the node's session (node_sessions joined with
+// a live gateway:<id> lease and the relay address the gateway published in
+// gateway_relays), opens RelayTunnel there with the shared relay token and
+// relays the caller's bytes to it and back, one message at a time each way,
+// so HTTP/2 flow control is the only buffer. Every open (refused or not) and
+// every close is an audit_events row.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
+
+	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
+	relayv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/relay/v1"
+	"github.com/leasehold/leasehold/pkg/gen/leasehold/relay/v1/relayv1connect"
+)
+
+// maxTunnelChunk is the most bytes a caller may send in one tunnel message.
+const maxTunnelChunk = 64 << 10
+
+// tunnelEndWait bounds how long a finished tunnel waits for its copy
+// goroutine once the caller's stream was broken.
+const tunnelEndWait = 5 * time.Second
+
+type tunnelBodyKey struct{}
+
+// relayDialer reaches gateways' relay listeners with the shared token.
+type relayDialer struct {
+	client *http.Client
+	token  string
+}
+
+// newRelayDialer reads --api.relay-token-file; nil without one (tunnels
+// are then refused FAILED_PRECONDITION).
+func newRelayDialer(path string) (*relayDialer, error) {
+	if path == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--api.relay-token-file: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if len(tok) < 16 {
+		return nil, fmt.Errorf("--api.relay-token-file %s: the token must be at least 16 characters", path)
+	}
+	protocols := new(http.Protocols)
+	protocols.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{
+		Protocols:   protocols,
+		DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		// A gateway host that vanishes without a RST is noticed by pings.
+		HTTP2: &http.HTTP2Config{SendPingTimeout: 10 * time.Second, PingTimeout: 5 * time.Second},
+	}
+	return &relayDialer{client: &http.Client{Transport: tr}, token: tok}, nil
+}
+
+// tunnelRouteSQL finds a node and, when it has a live session on a gateway
+// whose lease is live, that gateway and its relay address.
+const tunnelRouteSQL = `
+SELECT n.state = 'revoked', coalesce(s.gateway_id, ''), coalesce(r.relay_addr, '')
+  FROM nodes n
+  LEFT JOIN node_sessions s ON s.node_id = n.id AND s.state = 'connected' AND s.session_expires_at > compute_now()
+       AND EXISTS (SELECT 1 FROM leases l WHERE l.name = 'gateway:' || s.gateway_id
+                      AND l.owner IS NOT NULL AND l.expires_at > compute_now())
+  LEFT JOIN gateway_relays r ON r.gateway_id = s.gateway_id
+ WHERE n.id = $1`
+
+// validateTunnelOpen checks OpenTunnel's first message, naming the field.
+func validateTunnelOpen(m *controlv1.OpenTunnelRequest) (target string, err error) {
+	o := m.GetOpen()
+	if o == nil {
+		return "", invalid("open", "the first message must set open (node_id and target)")
+	}
+	if len(m.GetData()) > 0 {
+		return "", invalid("data", "the first message carries no data")
+	}
+	if err := checkRE("open.node_id", o.GetNodeId(), idRE); err != nil {
+		return "", err
+	}
+	switch k := o.GetTarget().GetKind().(type) {
+	case *controlv1.TunnelTarget_Port:
+		if k.Port < 1 || k.Port > 65535 {
+			return "", invalid("open.target.port", "%d is not a TCP port (1..65535)", k.Port)
+		}
+		return fmt.Sprintf("port:%d", k.Port), nil
+	case *controlv1.TunnelTarget_Shell:
+		if !k.Shell {
+			return "", invalid("open.target.shell", "must be true when set")
+		}
+		return "shell", nil
+	default:
+		return "", invalid("open.target", "must set port or shell")
+	}
+}
+
+// OpenTunnel relays a tunnel to a node through the gateway that holds its session.
+func (h *Handler) OpenTunnel(ctx context.Context, stream *connect.BidiStream[controlv1.OpenTunnelRequest, controlv1.OpenTunnelResponse]) error {
+	first, err := stream.Receive()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return invalid("open", "the stream ended before its first message")
+		}
+		return err
+	}
+	target, err := validateTunnelOpen(first)
+	if err != nil {
+		return err
+	}
+	nodeID := first.GetOpen().GetNodeId()
+	ev := auditEvent{Method: "tunnel.open", TargetKind: "node", TargetID: nodeID, Detail: map[string]any{"target": target}}
+	refuse := func(cerr error) error {
+		ev.Outcome = connect.CodeOf(cerr).String()
+		ev.Detail["error"] = abbrev(cerr.Error())
+		if err := h.recordAudit(ctx, h.db, ev); err != nil {
+			return h.fail(ctx, "open tunnel", err)
+		}
+		return cerr
+	}
+	if h.relay == nil {
+		return refuse(connect.NewError(connect.CodeFailedPrecondition, errors.New("tunnels are not enabled on this api (--api.relay-token-file)")))
+	}
+	var (
+		revoked       bool
+		gateway, addr string
+	)
+	err = h.db.QueryRow(ctx, tunnelRouteSQL, nodeID).Scan(&revoked, &gateway, &addr)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return notFound("open.node_id", "node", nodeID)
+	case err != nil:
+		return h.fail(ctx, "open tunnel", err)
+	case revoked:
+		return refuse(connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("open.node_id: node %q is revoked", nodeID)))
+	case gateway == "":
+		return refuse(connect.NewError(connect.CodeUnavailable, fmt.Errorf("open.node_id: node %q has no live session on any gateway; retry once it is connected", nodeID)))
+	case addr == "":
+		return refuse(connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("gateway %s, which holds node %q's session, relays no tunnels (--gateway.relay-listen-addr)", gateway, nodeID)))
+	}
+	ev.Detail["gateway"] = gateway
+
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	client := relayv1connect.NewGatewayRelayServiceClient(h.relay.client, "http://"+addr,
+		connect.WithReadMaxBytes(2*maxTunnelChunk), connect.WithSendMaxBytes(2*maxTunnelChunk),
+		connect.WithAcceptCompression("gzip", nil, nil)) // bytes as they are: no gzip per message
+	rs := client.RelayTunnel(rctx)
+	rs.RequestHeader().Set("Authorization", "Bearer "+h.relay.token)
+	actor := "unauthenticated"
+	if id, ok := IdentityFrom(ctx); ok {
+		actor = id.ID
+	}
+	if err := rs.Send(&relayv1.RelayTunnelRequest{Open: &relayv1.RelayOpen{NodeId: nodeID, Target: first.GetOpen().GetTarget(), Actor: actor}}); err != nil && !errors.Is(err, io.EOF) {
+		return refuse(gatewayGone(gateway, "", err))
+	}
+	opened, err := rs.Receive()
+	if err != nil {
+		_ = rs.CloseRequest()
+		return refuse(gatewayGone(gateway, "", err))
+	}
+	tunnelID := opened.GetOpened().GetTunnelId()
+	if tunnelID == "" {
+		_ = rs.CloseRequest()
+		return refuse(connect.NewError(connect.CodeInternal, fmt.Errorf("gateway %s answered without opening the tunnel", gateway)))
+	}
+	ev.Detail["tunnel_id"] = tunnelID
+	if err := h.recordAudit(ctx, h.db, ev); err != nil {
+		_ = rs.CloseRequest()
+		return h.fail(ctx, "open tunnel", err)
+	}
+	if err := stream.Send(&controlv1.OpenTunnelResponse{Opened: opened.GetOpened()}); err != nil {
+		_ = rs.CloseRequest()
+		h.auditTunnelClose(ctx, nodeID, tunnelID, gateway, 0, 0, err)
+		return err
+	}
+
+	var toNode, fromNode atomic.Int64
+	up := make(chan error, 1)
+	// caller -> gateway
+	go func() {
+		for {
+			m, err := stream.Receive()
+			if errors.Is(err, io.EOF) {
+				up <- rs.CloseRequest()
+				return
+			}
+			if err != nil {
+				up <- connect.NewError(connect.CodeCanceled, fmt.Errorf("the caller's side ended: %w", err))
+				return
+			}
+			if m.GetOpen() != nil {
+				up <- invalid("open", "only the first message may set open")
+				return
+			}
+			if len(m.GetData()) > maxTunnelChunk {
+				up <- invalid("data", "%d bytes, more than %d per message", len(m.GetData()), maxTunnelChunk)
+				return
+			}
+			if len(m.GetData()) == 0 {
+				continue
+			}
+			if err := rs.Send(&relayv1.RelayTunnelRequest{Data: m.GetData()}); err != nil {
+				// The real error is on the receive side, which ends the tunnel.
+				up <- nil
+				return
+			}
+			toNode.Add(int64(len(m.GetData())))
+		}
+	}()
+	// gateway -> caller, until the gateway ends the tunnel.
+	var failure error
+	for failure == nil {
+		m, err := rs.Receive()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			failure = gatewayGone(gateway, tunnelID, err)
+			break
+		}
+		if len(m.GetData()) > 0 || m.GetEof() {
+			if err := stream.Send(&controlv1.OpenTunnelResponse{Data: m.GetData(), Eof: m.GetEof()}); err != nil {
+				failure = connect.NewError(connect.CodeCanceled, fmt.Errorf("the caller's side failed: %w", err))
+				break
+			}
+			fromNode.Add(int64(len(m.GetData())))
+		}
+	}
+	select {
+	case err := <-up:
+		if failure == nil {
+			failure = err
+		}
+	default:
+		// The caller is still sending (or silent): break its Receive.
+		if body, ok := ctx.Value(tunnelBodyKey{}).(io.Closer); ok {
+			_ = body.Close()
+		}
+		cancel()
+		select {
+		case <-up:
+		case <-time.After(tunnelEndWait):
+		}
+	}
+	h.auditTunnelClose(ctx, nodeID, tunnelID, gateway, toNode.Load(), fromNode.Load(), failure)
+	return failure
+}
+
+// gatewayGone words a relay error for the caller: the gateway's own errors
+// keep their code; a lost connection is UNAVAILABLE.
+func gatewayGone(gateway, tunnelID string, err error) error {
+	var ce *connect.Error
+	code := connect.CodeUnavailable
+	msg := err.Error()
+	if errors.As(err, &ce) {
+		msg = ce.Message()
+		switch ce.Code() {
+		case connect.CodeUnknown, connect.CodeInternal, connect.CodeCanceled, connect.CodeUnavailable:
+		default:
+			code = ce.Code()
+		}
+	}
+	if tunnelID == "" {
+		return connect.NewError(code, fmt.Errorf("gateway %s: %s", gateway, msg))
+	}
+	if code == connect.CodeUnavailable {
+		return connect.NewError(code, fmt.Errorf("tunnel %s ended: its gateway %s or the node's session went away (%s); open a new tunnel", tunnelID, gateway, msg))
+	}
+	return connect.NewError(code, fmt.Errorf("tunnel %s ended: %s", tunnelID, msg))
+}
+
+// auditTunnelClose records a tunnel's end; it is written even when the
+// caller has gone (its context is done).
+func (h *Handler) auditTunnelClose(ctx context.Context, nodeID, tunnelID, gateway string, toNode, fromNode int64, failure error) {
+	ev := auditEvent{Method: "tunnel.close", TargetKind: "node", TargetID: nodeID, Outcome: "ok",
+		Detail: map[string]any{"tunnel_id": tunnelID, "gateway": gateway, "bytes_to_node": toNode, "bytes_from_node": fromNode}}
+	if failure != nil {
+		ev.Outcome = connect.CodeOf(failure).String()
+		ev.Detail["error"] = abbrev(failure.Error())
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := h.recordAudit(actx, h.db, ev); err != nil {
+		h.log.ErrorContext(ctx, "audit tunnel close", "tunnel", tunnelID, "err", err)
+	}
+}
