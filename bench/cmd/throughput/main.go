@@ -3,6 +3,16 @@
 // gateways behind HAProxy, and River's job throughput (inserted, worked by
 // a separate riverclient process, completed) on the same PostgreSQL server,
 // and prints the ratio.
+//
+// Offered load: by default (-rate 0) the creators are not paced: each of the
+// -concurrency creators inserts again as soon as its last insert returns, on
+// both sides. Where a side completes less than is created, its backlog grows
+// during the window, its latency percentiles measure that backlog's age, and
+// its per-command costs (divided by the commands completed in the window)
+// include the surplus inserts. A fair comparison runs both sides at a rate
+// each sustains: -rate caps the creators' total inserts per second (shared
+// token pacing, the same for leasehold and River), so a sweep of -rate finds
+// the highest rate at which each side keeps p99 create-to-done under 0.5 s.
 package main
 
 import (
@@ -33,6 +43,7 @@ import (
 
 type config struct {
 	nodes, concurrency, backlog int
+	rate                        float64
 	riverWorkers, gateways      []int
 	backlogDrain                time.Duration
 	warmup, window, drain       time.Duration
@@ -88,6 +99,7 @@ type result struct {
 	Date        string         `json:"date"`
 	Nodes       int            `json:"nodes"`
 	Concurrency int            `json:"concurrency"`
+	Rate        float64        `json:"offered_rate_per_sec,omitempty"`
 	Producer    string         `json:"producer"`
 	Window      float64        `json:"window_s"`
 	Results     []measurement  `json:"results"`
@@ -107,6 +119,7 @@ func main() {
 	flag.IntVar(&c.nodes, "nodes", 300, "simulated nodes")
 	flag.StringVar(&gws, "gateways", "1,3", "gateway counts to measure")
 	flag.IntVar(&c.concurrency, "concurrency", 16, "concurrent creators (each creates one command or job at a time)")
+	flag.Float64Var(&c.rate, "rate", 0, "cap the creators' total creates per second (0: unpaced, each creator inserts again as soon as its last insert returns)")
 	flag.StringVar(&rws, "river-workers", "100,500,1000", "River: MaxWorkers of the working client, one run each; the ratio uses the best")
 	flag.IntVar(&c.backlog, "backlog", 100000, "backlog scenario after the first leasehold run: insert this many pending commands at once and drain them (0: off)")
 	flag.DurationVar(&c.backlogDrain, "backlog-drain", 5*time.Minute, "backlog scenario: wait this long at most for the drain")
@@ -165,7 +178,7 @@ func run(ctx context.Context, c config, sup *harness.Supervisor, started func(*f
 	defer srv.Stop()
 	defer sup.Stop()
 	r := &result{Machine: harness.Host(), Database: srv.Desc, Date: time.Now().UTC().Format(time.RFC3339), Nodes: c.nodes,
-		Concurrency: c.concurrency, Producer: c.producer, Window: c.window.Seconds()}
+		Concurrency: c.concurrency, Rate: c.rate, Producer: c.producer, Window: c.window.Seconds()}
 	binDir := c.binDir
 	for i, g := range c.gateways {
 		backlog := 0
@@ -471,11 +484,19 @@ func measure(ctx context.Context, c config, create func(context.Context) error, 
 	var firstErr atomic.Value
 	var wg sync.WaitGroup
 	start := time.Now()
+	tokens := pace(cctx, c.rate, c.concurrency)
 	for range c.concurrency {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for cctx.Err() == nil {
+				if tokens != nil {
+					select {
+					case <-tokens:
+					case <-cctx.Done():
+						return
+					}
+				}
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(cctx), 10*time.Second)
 				err := create(rctx)
 				cancel()
@@ -553,4 +574,36 @@ func (r *result) print(w io.Writer) {
 			b.DispatchCallP50*1000, b.DispatchCallP99*1000, b.DispatchCalls, b.SteadyDispatchCallP50*1000, b.SteadyDispatchCallP99*1000)
 		fmt.Fprintf(w, "gateway lease renewal p50 / p99 while draining: %.1f / %.1f ms (%.0f renewals; a quantile at the largest bucket bound means beyond it)\n", b.RenewP50*1000, b.RenewP99*1000, b.Renewals)
 	}
+}
+
+// pace returns nil when rate <= 0 (creators unpaced), or a channel that
+// receives rate tokens per second until ctx ends. Tokens not taken are
+// dropped beyond a buffer of burst, so creators that fall behind do not
+// catch up in a burst: the offered rate never exceeds rate.
+func pace(ctx context.Context, rate float64, burst int) <-chan struct{} {
+	if rate <= 0 {
+		return nil
+	}
+	ch := make(chan struct{}, max(burst, 1))
+	go func() {
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		start := time.Now()
+		var due int64
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-t.C:
+				target := int64(rate * now.Sub(start).Seconds())
+				for ; due < target; due++ {
+					select {
+					case ch <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}
+	}()
+	return ch
 }
