@@ -15,10 +15,10 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/leasehold/leasehold/pkg/relaytoken"
 
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5"
@@ -49,13 +49,9 @@ func newRelayDialer(path string) (*relayDialer, error) {
 	if path == "" {
 		return nil, nil
 	}
-	b, err := os.ReadFile(path)
+	tok, err := relaytoken.Read("--api.relay-token-file", path)
 	if err != nil {
-		return nil, fmt.Errorf("--api.relay-token-file: %w", err)
-	}
-	tok := strings.TrimSpace(string(b))
-	if len(tok) < 16 {
-		return nil, fmt.Errorf("--api.relay-token-file %s: the token must be at least 16 characters", path)
+		return nil, err
 	}
 	protocols := new(http.Protocols)
 	protocols.SetUnencryptedHTTP2(true)

@@ -15,8 +15,8 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"os"
-	"strings"
+
+	"github.com/leasehold/leasehold/pkg/relaytoken"
 
 	"connectrpc.com/connect"
 
@@ -28,26 +28,13 @@ const publishRelaySQL = `
 INSERT INTO gateway_relays (gateway_id, relay_addr, lease_epoch) VALUES ($1, $2, $3)
 ON CONFLICT (gateway_id) DO UPDATE SET relay_addr = excluded.relay_addr, lease_epoch = excluded.lease_epoch, updated_at = compute_now()`
 
-// readRelayToken reads the shared token of --gateway.relay-token-file.
-func readRelayToken(path string) (string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("--gateway.relay-token-file: %w", err)
-	}
-	tok := strings.TrimSpace(string(b))
-	if len(tok) < 16 {
-		return "", fmt.Errorf("--gateway.relay-token-file %s: the token must be at least 16 characters", path)
-	}
-	return tok, nil
-}
-
 // startRelay listens on --gateway.relay-listen-addr and publishes the
 // advertised address; a no-op when no relay is configured.
 func (g *Gateway) startRelay(ctx context.Context) error {
 	if g.cfg.RelayListenAddr == "" {
 		return nil
 	}
-	token, err := readRelayToken(g.cfg.RelayTokenFile)
+	token, err := relaytoken.Read("--gateway.relay-token-file", g.cfg.RelayTokenFile)
 	if err != nil {
 		return err
 	}
