@@ -96,8 +96,23 @@ func RunFenced(ctx context.Context, db pgdb.Beginner, l Lease, opts FenceOptions
 		ctx, cancel = context.WithTimeout(ctx, remaining)
 		defer cancel()
 	}
+	ms := fmt.Sprintf("%dms", timeout.Milliseconds())
+	if tb, ok := db.(txBeginner); ok {
+		// The timeouts are set by BEGIN's own round trip: a process paused
+		// between BEGIN and a later SET would leave a transaction open that
+		// no timeout ends (and with it, later, the share lock of the fence).
+		b := timedBegin{db: tb, query: "BEGIN; SET LOCAL statement_timeout = '" + ms + "'; SET LOCAL idle_in_transaction_session_timeout = '" + ms + "'"}
+		return pgdb.InTx(ctx, b, func(tx pgx.Tx) error {
+			if err := Fence(ctx, tx, l); err != nil {
+				return err
+			}
+			return fn(ctx, tx)
+		})
+	}
+	// db is a transaction: this one is a savepoint of it, and the outer
+	// transaction's own timeouts are already in force for the session; set
+	// this one's anyway, in the fence's round trip.
 	return pgdb.InTx(ctx, db, func(tx pgx.Tx) error {
-		ms := fmt.Sprintf("%dms", timeout.Milliseconds())
 		b := &pgx.Batch{}
 		b.Queue("SELECT set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $1, true)", ms)
 		b.Queue(fenceSQL, l.Name, l.Owner, l.Epoch)
@@ -119,6 +134,24 @@ func RunFenced(ctx context.Context, db pgdb.Beginner, l Lease, opts FenceOptions
 		}
 		return fn(ctx, tx)
 	})
+}
+
+// txBeginner begins a transaction with options: a *pgxpool.Pool or a
+// *pgx.Conn (a pgx.Tx is not one).
+type txBeginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// timedBegin is a pgdb.Beginner whose BEGIN also sets the transaction's
+// timeouts, in one simple-protocol round trip (which PgBouncer in
+// transaction mode passes as one unit).
+type timedBegin struct {
+	db    txBeginner
+	query string
+}
+
+func (b timedBegin) Begin(ctx context.Context) (pgx.Tx, error) {
+	return b.db.BeginTx(ctx, pgx.TxOptions{BeginQuery: b.query})
 }
 
 // RunFenced runs fn in a transaction fenced on l, with the client's clock

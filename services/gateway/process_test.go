@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/leasehold/leasehold/pkg/daemon"
@@ -190,14 +192,21 @@ func TestPausedGatewayFencesItselfThenServesAgain(t *testing.T) {
 	// paused gateway is open any more (one caught mid-flight by SIGSTOP ends
 	// by idle_in_transaction_session_timeout, 5 s): then nothing of the old
 	// holding can commit.
-	require.Eventually(t, func() bool {
+	var seen string
+	if !assert.Eventually(t, func() bool {
 		var expired, open bool
 		err := db.Pool.QueryRow(ctx, `SELECT
 		  (SELECT expires_at < compute_now() FROM leases WHERE name = 'gateway:' || $1),
-		  EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name LIKE 'leasehold-gateway:' || $1 || '%' AND xact_start IS NOT NULL)`,
-			"gw_pause").Scan(&expired, &open)
+		  EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name LIKE 'leasehold-gateway:' || $1 || '%' AND xact_start IS NOT NULL),
+		  (SELECT coalesce(string_agg(pid || ' ' || application_name || ' ' || coalesce(state, '') || ' ' || coalesce(wait_event_type || ':' || wait_event, '') ||
+		     ' xact ' || coalesce((compute_now() - xact_start)::text, '-') || ' query ' || left(query, 120), E'\n'), '')
+		     FROM pg_stat_activity WHERE application_name LIKE 'leasehold-gateway:' || $1 || '%')`,
+			"gw_pause").Scan(&expired, &open, &seen)
+		seen = fmt.Sprintf("expired=%v open=%v err=%v\n%s", expired, open, err, seen)
 		return err == nil && expired && !open
-	}, 60*time.Second, 50*time.Millisecond, "the paused gateway's lease expired and none of its transactions is open")
+	}, 60*time.Second, 50*time.Millisecond, "the paused gateway's lease expired and none of its transactions is open") {
+		t.Fatalf("the paused gateway's sessions, last seen: %s", seen)
+	}
 	before := sessionFingerprint(t, db)
 	g.Resume()
 
