@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"testing"
@@ -12,12 +11,10 @@ import (
 	"github.com/leasehold/leasehold/pkg/pgtest"
 )
 
-// planCost is what EXPLAIN (ANALYZE, BUFFERS) says one dispatch call cost.
+// planCost is what one dispatch call cost and took.
 type planCost struct {
-	blocks   int64   // shared buffers hit + read, the whole statement
-	rows     int64   // commands dispatched
-	execMs   float64 // for the log only: times are not asserted
-	sortDisk bool    // some node sorted on disk
+	pgtest.Plan
+	rows int64 // commands dispatched
 }
 
 // explainDispatch runs dispatchSQL under EXPLAIN (ANALYZE, BUFFERS) in a
@@ -28,28 +25,7 @@ func explainDispatch(t *testing.T, db *pgtest.DB, sql string, args ...any) planC
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck
-	var raw []byte
-	require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&raw))
-	var out []struct {
-		Plan          map[string]any `json:"Plan"`
-		ExecutionTime float64        `json:"Execution Time"`
-	}
-	require.NoError(t, json.Unmarshal(raw, &out))
-	require.Len(t, out, 1)
-	c := planCost{execMs: out[0].ExecutionTime}
-	num := func(n map[string]any, k string) int64 { f, _ := n[k].(float64); return int64(f) }
-	c.blocks = num(out[0].Plan, "Shared Hit Blocks") + num(out[0].Plan, "Shared Read Blocks")
-	var walk func(n map[string]any)
-	walk = func(n map[string]any) {
-		if n["Sort Space Type"] == "Disk" {
-			c.sortDisk = true
-		}
-		kids, _ := n["Plans"].([]any)
-		for _, k := range kids {
-			walk(k.(map[string]any))
-		}
-	}
-	walk(out[0].Plan)
+	c := planCost{Plan: pgtest.Explain(t, tx, sql, args...)}
 	// What the call dispatched, seen inside the transaction (rolled back).
 	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM commands WHERE state = 'dispatched'").Scan(&c.rows))
 	return c
@@ -88,7 +64,7 @@ SELECT 'plan-' || (i % $1), 'plan', compute_now() + make_interval(secs => i / 10
 		require.NoError(t, err)
 	}
 
-	perRow := func(c planCost) float64 { return float64(c.blocks) / float64(c.rows) }
+	perRow := func(c planCost) float64 { return float64(c.Blocks) / float64(c.rows) }
 	seed(300)
 	explainDispatch(t, db, dispatchSQL, gw, ids, epochs, lims, batch) // warm the cache
 	small := explainDispatch(t, db, dispatchSQL, gw, ids, epochs, lims, batch)
@@ -105,12 +81,12 @@ SELECT 'plan-' || (i % $1), 'plan', compute_now() + make_interval(secs => i / 10
 		small, big planCost
 	}{{"per-node pick", small, large}, {"sorted join (before)", smallSorted, largeSorted}} {
 		t.Logf("%s: 300 pending: %d buffers for %d commands (%.1f/command, %.1f ms); 100,000 pending: %d buffers for %d (%.1f/command, %.1f ms, sort on disk %v)",
-			r.name, r.small.blocks, r.small.rows, perRow(r.small), r.small.execMs, r.big.blocks, r.big.rows, perRow(r.big), r.big.execMs, r.big.sortDisk)
+			r.name, r.small.Blocks, r.small.rows, perRow(r.small), r.small.ExecMs, r.big.Blocks, r.big.rows, perRow(r.big), r.big.ExecMs, r.big.SortOnDisk)
 	}
 
 	require.Equal(t, int64(nodes), small.rows, "300 pending, one per node: all dispatched")
 	require.Equal(t, int64(batch), large.rows, "a full batch")
-	require.False(t, large.sortDisk, "no sort on disk")
+	require.False(t, large.SortOnDisk, "no sort on disk")
 	require.LessOrEqual(t, perRow(large), 2*perRow(small), "buffers per dispatched command with 100,000 pending stay within 2x of 300 pending")
 	// The bound tells the two plans apart: the sorted join it replaced
 	// reads every pending command.
