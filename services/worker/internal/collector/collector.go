@@ -36,7 +36,7 @@ func New(reg prometheus.Registerer, every time.Duration) *Collector {
 		nodes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "leasehold_fleet_nodes", Help: "Nodes by state (exported by the metrics:command-latency holder only)."}, []string{"state"}),
 		commands: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "leasehold_fleet_commands", Help: "Commands by state (exported by the metrics:command-latency holder only)."}, []string{"state"}),
+			Name: "leasehold_fleet_commands", Help: "Commands not finished yet, by state: pending, dispatched, acknowledged (exported by the metrics:command-latency holder only; finished ones are counted by leasehold_command_latency_seconds_count)."}, []string{"state"}),
 		overdue: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "leasehold_fleet_overdue_work", Help: "Work-queue keys due more than 5 minutes ago, by reconciler."}, []string{"reconciler"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -88,7 +88,7 @@ func (c *Collector) collect(ctx context.Context, db pgdb.Querier, watermark time
 	if err := c.gauge(ctx, db, c.nodes, "SELECT state, count(*) FROM nodes GROUP BY state"); err != nil {
 		return watermark, err
 	}
-	if err := c.gauge(ctx, db, c.commands, "SELECT state, count(*) FROM commands GROUP BY state"); err != nil {
+	if err := c.gauge(ctx, db, c.commands, activeCommandsSQL); err != nil {
 		return watermark, err
 	}
 	stats, err := queue.Depth(ctx, db)
@@ -99,12 +99,7 @@ func (c *Collector) collect(ctx context.Context, db pgdb.Querier, watermark time
 	for name, st := range stats {
 		c.overdue.WithLabelValues(name).Set(float64(st.Overdue))
 	}
-	rows, err := db.Query(ctx, `
-SELECT kind, state, extract(epoch FROM finished_at - created_at)::float8, finished_at
-  FROM commands
- WHERE finished_at > $1 AND state IN ('succeeded', 'failed')
- ORDER BY finished_at
- LIMIT 100000`, watermark)
+	rows, err := db.Query(ctx, finishedSinceSQL, watermark)
 	if err != nil {
 		return watermark, fmt.Errorf("read finished commands: %w", err)
 	}
@@ -122,6 +117,25 @@ SELECT kind, state, extract(epoch FROM finished_at - created_at)::float8, finish
 	}
 	return next, rows.Err()
 }
+
+// activeCommandsSQL counts the commands not finished yet, by state, each
+// arm from its partial index (commands_pending_idx, commands_in_flight_idx):
+// the pass costs the live work, not the retained history. Finished
+// commands are counted by the latency histogram's _count instead.
+const activeCommandsSQL = `
+SELECT 'pending', count(*) FROM commands WHERE state = 'pending'
+UNION ALL
+SELECT state, count(*) FROM commands WHERE state IN ('dispatched', 'acknowledged') GROUP BY state`
+
+// finishedSinceSQL reads the commands finished after the watermark from
+// commands_finished_idx (migration 00025), so a pass reads what finished
+// since the last one.
+const finishedSinceSQL = `
+SELECT kind, state, extract(epoch FROM finished_at - created_at)::float8, finished_at
+  FROM commands
+ WHERE finished_at > $1 AND finished_at IS NOT NULL AND state IN ('succeeded', 'failed')
+ ORDER BY finished_at
+ LIMIT 100000`
 
 func (c *Collector) gauge(ctx context.Context, db pgdb.Querier, g *prometheus.GaugeVec, sql string) error {
 	rows, err := db.Query(ctx, sql)

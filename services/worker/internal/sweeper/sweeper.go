@@ -41,19 +41,28 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// expireSQL expires the unfinished commands past their deadline, read from
+// commands_deadline_idx (migration 00025): a pass costs the commands that
+// have deadlines and are not finished, not the whole table.
+const expireSQL = `
+UPDATE commands SET state = 'expired', finished_at = compute_now()
+ WHERE deadline IS NOT NULL AND state IN ('pending', 'dispatched', 'acknowledged') AND deadline < compute_now()`
+
+// requeueSQL puts back the dispatched commands not acknowledged in time,
+// read from commands_in_flight_idx: a pass costs the commands in flight.
+const requeueSQL = `
+UPDATE commands SET state = 'pending'
+ WHERE state = 'dispatched' AND dispatched_at < compute_now() - make_interval(secs => $1::float8)`
+
 // Sweep runs one sweep in tx and returns how many commands it expired and
 // re-queued.
 func Sweep(ctx context.Context, tx pgx.Tx, cfg Config) (expired, requeued int64, err error) {
-	tag, err := tx.Exec(ctx, `
-UPDATE commands SET state = 'expired', finished_at = compute_now()
- WHERE state IN ('pending', 'dispatched', 'acknowledged') AND deadline < compute_now()`)
+	tag, err := tx.Exec(ctx, expireSQL)
 	if err != nil {
 		return 0, 0, fmt.Errorf("expire commands: %w", err)
 	}
 	expired = tag.RowsAffected()
-	tag, err = tx.Exec(ctx, `
-UPDATE commands SET state = 'pending'
- WHERE state = 'dispatched' AND dispatched_at < compute_now() - make_interval(secs => $1::float8)`, cfg.AckTimeout.Seconds())
+	tag, err = tx.Exec(ctx, requeueSQL, cfg.AckTimeout.Seconds())
 	if err != nil {
 		return expired, 0, fmt.Errorf("re-queue unacknowledged commands: %w", err)
 	}
