@@ -266,3 +266,25 @@ func (s *Server) CPU() (secs float64, ok bool) {
 	}
 	return float64(total) / 100, true // USER_HZ is 100 on Linux
 }
+
+// StatementCost is one normalised statement, how often it ran and the
+// server time it took in all (pg_stat_statements' total_exec_time).
+type StatementCost struct {
+	Query  string  `json:"query"`
+	Calls  int64   `json:"calls"`
+	ExecMs float64 `json:"exec_ms"`
+}
+
+// CostliestStatements returns the n statements that took the most server
+// time in this database since the last reset (the bench's own left out),
+// each query cut to 160 characters.
+func (d *Database) CostliestStatements(ctx context.Context, n int) ([]StatementCost, error) {
+	rows, err := d.Pool.Query(ctx, `SELECT left(regexp_replace(s.query, '\s+', ' ', 'g'), 160), s.calls, s.total_exec_time FROM pg_stat_statements s
+		JOIN pg_database db ON db.oid = s.dbid
+		WHERE db.datname = current_database() AND s.query NOT LIKE '%pg_stat_%' AND s.query NOT LIKE '%/*bench*/%'
+		ORDER BY s.total_exec_time DESC LIMIT $1`, n)
+	if err != nil {
+		return nil, fmt.Errorf("read pg_stat_statements: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[StatementCost])
+}
