@@ -120,7 +120,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.IntVar(&c.HelloBurst, prefix+"gateway.hello-burst", 50, "handshake token bucket burst")
 	f.IntVar(&c.MaxMessageBytes, prefix+"gateway.max-message-bytes", 1<<20, "largest message accepted from a node")
 	f.DurationVar(&c.DispatchPoll, prefix+"gateway.dispatch-poll", time.Second, "dispatch poll interval (NOTIFY wakes it earlier)")
-	f.IntVar(&c.DispatchBatch, prefix+"gateway.dispatch-batch", 500, "commands taken per dispatch transaction")
+	f.IntVar(&c.DispatchBatch, prefix+"gateway.dispatch-batch", 100, "commands taken per dispatch transaction; one call also asks at most this many sessions")
 	f.DurationVar(&c.SpecPoll, prefix+"gateway.spec-poll", 2*time.Second, "node spec poll interval (NOTIFY pushes a changed spec earlier)")
 	f.DurationVar(&c.DrainMaxDelay, prefix+"gateway.drain-max-delay", 60*time.Second, "upper bound of the random Drain delay sent on SIGTERM")
 	f.DurationVar(&c.HelloTimeout, prefix+"gateway.hello-timeout", 10*time.Second, "close a stream whose Hello has not arrived within this long")

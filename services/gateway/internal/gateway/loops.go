@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"connectrpc.com/connect"
@@ -122,15 +123,12 @@ func (g *Gateway) dispatchFor(ctx context.Context, all bool, nodes map[string]st
 	}
 	g.mu.Unlock()
 	for len(targets) > 0 {
-		// Each round asks every target for its share of the batch (at
-		// least one, at most what its queue has room for); the nodes that
-		// filled their share may have more and go round again.
-		share := max(1, (g.cfg.DispatchBatch+len(targets)-1)/len(targets))
-		ids := make([]string, 0, len(targets))
-		epochs := make([]int64, 0, len(targets))
-		lims := make([]int32, 0, len(targets))
-		asked := make([]*session, 0, len(targets))
-		for _, s := range targets {
+		round, later, share := nextRound(targets, g.cfg.DispatchBatch)
+		ids := make([]string, 0, len(round))
+		epochs := make([]int64, 0, len(round))
+		lims := make([]int32, 0, len(round))
+		asked := make([]*session, 0, len(round))
+		for _, s := range round {
 			lim := min(share, s.room())
 			if lim <= 0 {
 				continue // its queue is half full: the next poll or result comes back for it
@@ -139,24 +137,37 @@ func (g *Gateway) dispatchFor(ctx context.Context, all bool, nodes map[string]st
 			asked = append(asked, s)
 		}
 		if len(ids) == 0 {
-			return nil
+			targets = later
+			continue
 		}
 		got, n, err := g.dispatchOnce(ctx, ids, epochs, lims)
 		if err != nil {
 			return err
 		}
-		if n >= g.cfg.DispatchBatch {
-			targets = asked // the batch was full: everyone may have more
-			continue
-		}
-		targets = targets[:0]
+		targets = later
 		for i, s := range asked {
-			if got[s.nodeID] >= int(lims[i]) {
+			// A full batch: everyone asked may have more. Otherwise only
+			// the nodes that filled their share may.
+			if n >= g.cfg.DispatchBatch || got[s.nodeID] >= int(lims[i]) {
 				targets = append(targets, s)
 			}
 		}
 	}
 	return nil
+}
+
+// nextRound picks the sessions one dispatch call asks: at most batch of
+// them, so the call's per-node picks (one index probe each) stay in
+// proportion to the batch however many sessions the gateway holds; the
+// rest wait for the following rounds. Each asked session may take share
+// commands (at least one) so that together they can fill the batch.
+// targets come from a map, in random order, so no node is always last.
+func nextRound(targets []*session, batch int) (round, later []*session, share int) {
+	round = targets
+	if len(round) > batch {
+		round, later = targets[:batch:batch], slices.Clone(targets[batch:])
+	}
+	return round, later, max(1, (batch+len(round)-1)/len(round))
 }
 
 type dispatched struct {
