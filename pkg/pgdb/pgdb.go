@@ -40,6 +40,17 @@ type Config struct {
 	ReadOnly bool
 	// Tracer, when set, traces the pool's queries (tracing.PgxTracer).
 	Tracer pgx.QueryTracer
+	// GenericPlans plans each cached statement once per connection
+	// (plan_cache_mode = force_generic_plan) instead of for every call.
+	// PostgreSQL otherwise keeps re-planning a statement whose custom plans
+	// look cheaper than the generic one, which for the gateway's array-
+	// parameter statements costs more than running them (1.2-1.7 ms of
+	// planning per group commit; docs/decisions.md "Throughput"). Only for
+	// pools whose statements write every value that could pick an index as
+	// a literal, not a parameter. Ignored with Pooler: a transaction-mode
+	// pooler refuses unknown startup parameters and a SET would leak to
+	// other clients.
+	GenericPlans bool
 }
 
 func (c Config) setting() string {
@@ -112,6 +123,9 @@ func PoolConfig(cfg Config) (*pgxpool.Config, error) {
 	}
 	if cfg.Tracer != nil {
 		pcfg.ConnConfig.Tracer = cfg.Tracer
+	}
+	if cfg.GenericPlans && !cfg.Pooler {
+		pcfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
 	}
 	pcfg.HealthCheckPeriod = 5 * time.Second
 	pcfg.MaxConnIdleTime = time.Minute

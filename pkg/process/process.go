@@ -64,6 +64,10 @@ type Spec struct {
 	// migrations, no database readiness check; Process.DB is nil and
 	// Process.Clock is the real clock.
 	NoDatabase bool
+	// GenericPlans plans the pool's cached statements once per connection
+	// (pgdb.Config.GenericPlans): for services whose hot statements take
+	// arrays as parameters.
+	GenericPlans bool
 	// ShutdownTimeout is the default of --shutdown-timeout (90 s when zero).
 	ShutdownTimeout time.Duration
 	// Identity, when set, names the process from the service's own flags
@@ -175,6 +179,7 @@ func run(parent context.Context, spec Spec, cfg Config, logger *slog.Logger) err
 		db, err := pgdb.Connect(ctx, pgdb.Config{
 			URL: cfg.DatabaseURL, AppName: "leasehold-" + spec.Name + ":" + cfg.ID,
 			MaxConns: int32(cfg.MaxConns), Pooler: cfg.Pooler, Setting: "--database-url", Tracer: queryTracer,
+			GenericPlans: spec.GenericPlans,
 		})
 		if err != nil {
 			return fmt.Errorf("connect to database: %w", err)

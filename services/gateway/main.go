@@ -23,8 +23,10 @@ func main() {
 		Name:     "gateway",
 		HTTPAddr: "127.0.0.1:9103",
 		IDPrefix: "gw_",
-		Flags:    func(fs *flag.FlagSet) { cfg.RegisterFlags("", fs) },
-		Validate: cfg.Validate,
+		// The group commit and dispatch take arrays: plan them once.
+		GenericPlans: true,
+		Flags:        func(fs *flag.FlagSet) { cfg.RegisterFlags("", fs) },
+		Validate:     cfg.Validate,
 		Build: func(ctx context.Context, p *process.Process) ([]services.Service, error) {
 			g, err := gateway.New(cfg, gateway.Deps{
 				ID:        p.Config.ID,
