@@ -144,13 +144,16 @@ func (d *Database) ResetStatements(ctx context.Context) error {
 	return err
 }
 
+// ownStatements is pg_stat_statements of this database, the bench's own
+// monitoring queries (marked /*bench*/ or reading pg_stat_*) left out.
+const ownStatements = `FROM pg_stat_statements s JOIN pg_database db ON db.oid = s.dbid
+ WHERE db.datname = current_database() AND s.query NOT LIKE '%pg_stat_%' AND s.query NOT LIKE '%/*bench*/%'`
+
 // Statements returns the calls pg_stat_statements counted in this database
 // since the last reset, leaving out the bench's own monitoring queries.
 func (d *Database) Statements(ctx context.Context) (int64, error) {
 	var n int64
-	err := d.Pool.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements s
-		JOIN pg_database db ON db.oid = s.dbid
-		WHERE db.datname = current_database() AND s.query NOT LIKE '%pg_stat_%' AND s.query NOT LIKE '%/*bench*/%'`).Scan(&n)
+	err := d.Pool.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint `+ownStatements).Scan(&n)
 	return n, err
 }
 
@@ -164,10 +167,7 @@ type StatementCalls struct {
 // often in this database since the last reset (the bench's own left out),
 // each query cut to 120 characters.
 func (d *Database) TopStatements(ctx context.Context, n int) ([]StatementCalls, error) {
-	rows, err := d.Pool.Query(ctx, `SELECT left(regexp_replace(s.query, '\s+', ' ', 'g'), 120), s.calls FROM pg_stat_statements s
-		JOIN pg_database db ON db.oid = s.dbid
-		WHERE db.datname = current_database() AND s.query NOT LIKE '%pg_stat_%' AND s.query NOT LIKE '%/*bench*/%'
-		ORDER BY s.calls DESC LIMIT $1`, n)
+	rows, err := d.Pool.Query(ctx, `SELECT left(regexp_replace(s.query, '\s+', ' ', 'g'), 120), s.calls `+ownStatements+` ORDER BY s.calls DESC LIMIT $1`, n)
 	if err != nil {
 		return nil, fmt.Errorf("read pg_stat_statements: %w", err)
 	}
@@ -279,10 +279,7 @@ type StatementCost struct {
 // time in this database since the last reset (the bench's own left out),
 // each query cut to 160 characters.
 func (d *Database) CostliestStatements(ctx context.Context, n int) ([]StatementCost, error) {
-	rows, err := d.Pool.Query(ctx, `SELECT left(regexp_replace(s.query, '\s+', ' ', 'g'), 160), s.calls, s.total_exec_time FROM pg_stat_statements s
-		JOIN pg_database db ON db.oid = s.dbid
-		WHERE db.datname = current_database() AND s.query NOT LIKE '%pg_stat_%' AND s.query NOT LIKE '%/*bench*/%'
-		ORDER BY s.total_exec_time DESC LIMIT $1`, n)
+	rows, err := d.Pool.Query(ctx, `SELECT left(regexp_replace(s.query, '\s+', ' ', 'g'), 160), s.calls, s.total_exec_time `+ownStatements+` ORDER BY s.total_exec_time DESC LIMIT $1`, n)
 	if err != nil {
 		return nil, fmt.Errorf("read pg_stat_statements: %w", err)
 	}
