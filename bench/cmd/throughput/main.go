@@ -13,6 +13,10 @@
 // each sustains: -rate caps the creators' total inserts per second (shared
 // token pacing, the same for leasehold and River), so a sweep of -rate finds
 // the highest rate at which each side keeps p99 create-to-done under 0.5 s.
+//
+// The simulated nodes run in a nodesim process of their own (cmd/nodesim),
+// as River's jobs are worked by a riverclient process of its own: neither
+// side's workers share the bench process's scheduler with the creators.
 package main
 
 import (
@@ -25,6 +29,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,6 +54,7 @@ type config struct {
 	warmup, window, drain       time.Duration
 	producer, jsonPath, binDir  string
 	durable, river              bool
+	nodesProcess                bool
 	gatewayArgs                 []string
 }
 
@@ -140,6 +146,7 @@ type result struct {
 	Rate        float64        `json:"offered_rate_per_sec,omitempty"`
 	GatewayArgs []string       `json:"gateway_args,omitempty"`
 	Producer    string         `json:"producer"`
+	NodesProc   bool           `json:"nodes_in_own_process"`
 	Window      float64        `json:"window_s"`
 	Results     []measurement  `json:"results"`
 	Backlog     *backlogResult `json:"backlog,omitempty"`
@@ -170,6 +177,7 @@ func main() {
 	flag.StringVar(&c.binDir, "bin", "", "use prebuilt leasehold-<service> binaries from this directory (default: build)")
 	flag.BoolVar(&c.durable, "durable", true, "local PostgreSQL with fsync and synchronous_commit on")
 	flag.BoolVar(&c.river, "river", true, "measure River too")
+	flag.BoolVar(&c.nodesProcess, "nodes-process", true, "run the simulated nodes in a nodesim process of their own, as River's worker has its own (false: in the bench process beside the creators)")
 	flag.Func("gateway-arg", "an extra gateway flag, e.g. --gateway.dispatch-batch=100 (repeatable)", func(v string) error {
 		c.gatewayArgs = append(c.gatewayArgs, v)
 		return nil
@@ -221,14 +229,14 @@ func run(ctx context.Context, c config, sup *harness.Supervisor, started func(*f
 	defer srv.Stop()
 	defer sup.Stop()
 	r := &result{Machine: harness.Host(), Database: srv.Desc, Date: time.Now().UTC().Format(time.RFC3339), Nodes: c.nodes,
-		Concurrency: c.concurrency, Rate: c.rate, GatewayArgs: c.gatewayArgs, Producer: c.producer, Window: c.window.Seconds()}
+		Concurrency: c.concurrency, Rate: c.rate, GatewayArgs: c.gatewayArgs, NodesProc: c.nodesProcess, Producer: c.producer, Window: c.window.Seconds()}
 	binDir := c.binDir
 	for i, g := range c.gateways {
 		backlog := 0
 		if i == 0 {
 			backlog = c.backlog
 		}
-		m, bl, dir, err := leasehold(ctx, c, srv, g, backlog, binDir, started)
+		m, bl, dir, err := leasehold(ctx, c, srv, sup, g, backlog, binDir, started)
 		if err != nil {
 			return nil, err
 		}
@@ -318,7 +326,7 @@ const (
 	renewMetric        = "leasehold_gateway_lease_renew_seconds"
 )
 
-func leasehold(ctx context.Context, c config, srv *harness.Server, gateways, backlog int, binDir string, started func(*fleet.Fleet)) (measurement, *backlogResult, string, error) {
+func leasehold(ctx context.Context, c config, srv *harness.Server, sup *harness.Supervisor, gateways, backlog int, binDir string, started func(*fleet.Fleet)) (measurement, *backlogResult, string, error) {
 	m := measurement{System: "leasehold", Gateways: gateways}
 	f, err := fleet.Start(ctx, fleet.Options{Gateways: gateways, Timings: fleet.Real, NoAPI: c.producer != "api",
 		MaxConns: c.nodes + 100, BinDir: binDir, Server: srv, Durable: c.durable, Log: logf,
@@ -344,16 +352,12 @@ func leasehold(ctx context.Context, c config, srv *harness.Server, gateways, bac
 	if err != nil {
 		return m, nil, dir, err
 	}
-	sim := &fleet.Sim{}
-	for i := range ids {
-		if _, err := sim.Add(f.Address(), ids[i], creds[i], nodev1.NodeKind_NODE_KIND_NODE); err != nil {
-			return m, nil, dir, err
-		}
+	connected, stopNodes, err := startNodes(ctx, c, sup, f.Address(), ids, creds, 200*gateways)
+	if err != nil {
+		return m, nil, dir, err
 	}
-	simCtx, stop := context.WithCancel(ctx)
-	defer func() { stop(); sim.Wait() }()
-	go sim.Start(simCtx, 200*gateways)
-	if err := poll(ctx, 2*time.Minute, func() bool { return sim.Connected() == c.nodes }); err != nil {
+	defer stopNodes()
+	if err := poll(ctx, 2*time.Minute, func() bool { return connected() == c.nodes }); err != nil {
 		return m, nil, dir, fmt.Errorf("nodes did not connect: %w", err)
 	}
 	prod := f.NewProducer(c.producer == "api")
@@ -414,6 +418,59 @@ func leasehold(ctx context.Context, c config, srv *harness.Server, gateways, bac
 		bl.Small = small
 	}
 	return m, bl, dir, err
+}
+
+// startNodes runs the simulated nodes: in a nodesim process of their own
+// (the default, as River's worker has its own), or in this process beside
+// the creators (-nodes-process=false, how the bench ran before). connected
+// counts the nodes with an open session.
+func startNodes(ctx context.Context, c config, sup *harness.Supervisor, address string, ids, creds []string, rate int) (connected func() int, stop func(), err error) {
+	if !c.nodesProcess {
+		sim := &fleet.Sim{}
+		for i := range ids {
+			if _, err := sim.Add(address, ids[i], creds[i], nodev1.NodeKind_NODE_KIND_NODE); err != nil {
+				return nil, nil, err
+			}
+		}
+		simCtx, cancel := context.WithCancel(ctx)
+		go sim.Start(simCtx, rate)
+		return sim.Connected, func() { cancel(); sim.Wait() }, nil
+	}
+	dir, err := os.MkdirTemp("", "leasehold-throughput-nodes-")
+	if err != nil {
+		return nil, nil, err
+	}
+	bin := filepath.Join(dir, "nodesim")
+	if err := harness.GoBuild(filepath.Join(harness.RepoRoot(), "bench", "cmd", "nodesim"), bin); err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	var lines strings.Builder
+	for i := range ids {
+		fmt.Fprintf(&lines, "%s %s\n", ids[i], creds[i])
+	}
+	nodesFile := filepath.Join(dir, "nodes")
+	if err := os.WriteFile(nodesFile, []byte(lines.String()), 0o600); err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	var n atomic.Int64
+	p, err := sup.StartLines("nodesim", bin, nil, func(l string) {
+		if v, ok := strings.CutPrefix(l, "CONNECTED "); ok {
+			if k, err := strconv.Atoi(v); err == nil {
+				n.Store(int64(k))
+			}
+		}
+	}, "-address", address, "-nodes", nodesFile, "-hello-rate", fmt.Sprint(rate))
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	return func() int { return int(n.Load()) }, func() {
+		_ = p.Signal(syscall.SIGTERM)
+		p.Wait(30 * time.Second)
+		os.RemoveAll(dir)
+	}, nil
 }
 
 // backlogRun inserts n pending commands at once (spread over the nodes),
