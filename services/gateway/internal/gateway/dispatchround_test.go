@@ -51,14 +51,14 @@ func TestDispatchRoundAsksAtMostTheBatch(t *testing.T) {
 }
 
 // TestSmallBatchStillReachesEverySession: with more sessions than the batch
-// (12 sessions, batch 5), one wake-up still reaches every node's pending
-// commands, round after round, each node's in creation order.
+// (12 sessions, batch 5), a wake-up (the NOTIFY, or the poll where
+// notifications are off) still reaches every node's pending commands,
+// round after round, each node's in creation order.
 func TestSmallBatchStillReachesEverySession(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDB(t)
 	cfg := testConfig()
 	cfg.DispatchBatch = 5
-	cfg.DispatchPoll = time.Minute // the NOTIFY wakes it; no poll comes to help
 	g := startGateway(t, db, cfg)
 	const nodes, each = 12, 3
 	creds := registerNodes(t, db, "n", nodes)
@@ -68,7 +68,7 @@ func TestSmallBatchStillReachesEverySession(t *testing.T) {
 		sessions[i].welcome(t, fmt.Sprint("n-", i), creds[i])
 	}
 	want := make([][]string, nodes)
-	// One transaction, one wake-up naming every node.
+	// One transaction, one wake-up for every session.
 	ctx := context.Background()
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
