@@ -447,8 +447,10 @@ func testTunnels(t *testing.T, server string) {
 	})
 
 	t.Run("idle tunnel ends", func(t *testing.T) {
-		st, _ := openWhenConnected(t, "")
+		// Timed from before the open: the gateway's idle timer starts
+		// inside the call, before its answer reaches us.
 		started := time.Now()
+		st, _ := openWhenConnected(t, "")
 		_, err := st.Receive() // nothing is sent: the gateway's idle timeout ends it
 		require.Equal(t, connect.CodeDeadlineExceeded, connect.CodeOf(err), "%v", err)
 		require.ErrorContains(t, err, "--gateway.tunnel-idle-timeout")
