@@ -52,6 +52,10 @@ type Config struct {
 	DispatchPoll time.Duration
 	// DispatchBatch bounds the commands one dispatch transaction takes.
 	DispatchBatch int
+	// NodeWindow bounds the commands a session holds unanswered (sent,
+	// no result yet); the rest stay pending in the database until results
+	// free room (docs/gateway.md, "The node window").
+	NodeWindow int
 	// SpecPoll is how often the specs of held sessions are compared with
 	// the database when no NOTIFY arrives; a newer spec is pushed as
 	// NodeSpecUpdate.
@@ -121,6 +125,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.IntVar(&c.MaxMessageBytes, prefix+"gateway.max-message-bytes", 1<<20, "largest message accepted from a node")
 	f.DurationVar(&c.DispatchPoll, prefix+"gateway.dispatch-poll", time.Second, "dispatch poll interval (NOTIFY wakes it earlier)")
 	f.IntVar(&c.DispatchBatch, prefix+"gateway.dispatch-batch", 100, "commands taken per dispatch transaction; one call also asks at most this many sessions")
+	f.IntVar(&c.NodeWindow, prefix+"gateway.node-window", 32, "commands one node holds unanswered (sent, no result yet); more wait pending in the database")
 	f.DurationVar(&c.SpecPoll, prefix+"gateway.spec-poll", 2*time.Second, "node spec poll interval (NOTIFY pushes a changed spec earlier)")
 	f.DurationVar(&c.DrainMaxDelay, prefix+"gateway.drain-max-delay", 60*time.Second, "upper bound of the random Drain delay sent on SIGTERM")
 	f.DurationVar(&c.HelloTimeout, prefix+"gateway.hello-timeout", 10*time.Second, "close a stream whose Hello has not arrived within this long")
@@ -209,6 +214,9 @@ func (c *Config) Validate() error {
 	}
 	if c.DispatchBatch < 1 || c.DispatchBatch > 10000 {
 		errs = append(errs, fmt.Errorf("--gateway.dispatch-batch %d must be in 1..10000", c.DispatchBatch))
+	}
+	if c.NodeWindow < 1 || c.NodeWindow > maxQueued/2 {
+		errs = append(errs, fmt.Errorf("--gateway.node-window %d must be in 1..%d", c.NodeWindow, maxQueued/2))
 	}
 	if c.HelloTimeout < 10*time.Millisecond {
 		errs = append(errs, fmt.Errorf("--gateway.hello-timeout %s must be at least 10ms", c.HelloTimeout))

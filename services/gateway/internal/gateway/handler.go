@@ -378,7 +378,7 @@ func (g *Gateway) hello(ctx context.Context, stream *connect.BidiStream[nodev1.C
 		cmds[i] = r.cmd
 	}
 	body, _ := ctx.Value(bodyKey{}).(io.Closer)
-	s := &session{nodeID: h.GetNodeId(), epoch: epoch, send: stream.Send, breakRecv: func() {
+	s := &session{nodeID: h.GetNodeId(), epoch: epoch, window: g.cfg.NodeWindow, send: stream.Send, breakRecv: func() {
 		if body != nil {
 			_ = body.Close()
 		}
@@ -404,6 +404,7 @@ func (g *Gateway) serveSession(ctx context.Context, stream *connect.BidiStream[n
 	msgs = append(msgs, &nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Welcome{Welcome: welcome}})
 	for _, c := range replays {
 		msgs = append(msgs, &nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Command{Command: c}})
+		s.sending(c.GetCommandId()) // replays count into the window, even past it
 	}
 	s.enqueue(msgs...)
 	g.m.replayed.Add(float64(len(replays)))
@@ -549,6 +550,11 @@ func (g *Gateway) handleAck(_ context.Context, s *session, a *nodev1.CommandAck)
 func (g *Gateway) handleResult(ctx context.Context, s *session, r *nodev1.CommandResult) *connect.Error {
 	if r.GetCommandId() == "" || len(r.GetCommandId()) > maxIDLen || r.GetResultId() == "" || len(r.GetResultId()) > maxIDLen {
 		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("command_result.command_id and result_id must be 1..%d bytes", maxIDLen))
+	}
+	if s.answered(r.GetCommandId()) {
+		// Its window was full: dispatch may send the node the next one
+		// while this result commits.
+		g.wakeDispatch(s.nodeID)
 	}
 	it := &ingestItem{kind: ingestResult, s: s, id: r.GetResultId(), command: r.GetCommandId(),
 		exitCode: r.GetExitCode(), output: r.GetOutput(), errText: r.GetError(), done: make(chan ingestOutcome, 1)}

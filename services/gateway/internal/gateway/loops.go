@@ -129,9 +129,13 @@ func (g *Gateway) dispatchFor(ctx context.Context, all bool, nodes map[string]st
 		lims := make([]int32, 0, len(round))
 		asked := make([]*session, 0, len(round))
 		for _, s := range round {
-			lim := min(share, s.room())
+			room, windowFull := s.room()
+			lim := min(share, room)
 			if lim <= 0 {
-				continue // its queue is half full: the next poll or result comes back for it
+				if windowFull {
+					g.m.windowFull.Inc()
+				}
+				continue // window or queue full: its next result (or the poll) comes back for it
 			}
 			ids, epochs, lims = append(ids, s.nodeID), append(epochs, s.epoch), append(lims, int32(lim))
 			asked = append(asked, s)
@@ -221,6 +225,9 @@ func (g *Gateway) dispatchOnce(ctx context.Context, ids []string, epochs []int64
 		g.mu.Lock()
 		s := g.sessions[d.nodeID]
 		g.mu.Unlock()
+		if s != nil && s.epoch == d.epoch {
+			s.sending(d.cmd.CommandId)
+		}
 		sent := s != nil && s.epoch == d.epoch && s.enqueue(&nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Command{Command: d.cmd}})
 		if !sent {
 			// The stream ended meanwhile: the command stays dispatched and

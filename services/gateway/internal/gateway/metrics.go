@@ -15,6 +15,7 @@ type metrics struct {
 	replayed        prometheus.Counter
 	dispatchLatency prometheus.Histogram
 	dispatchCall    prometheus.Histogram
+	windowFull      prometheus.Counter
 	ingestBatch     prometheus.Histogram
 	ingestFlush     prometheus.Histogram
 	fenceFailures   prometheus.Counter
@@ -61,6 +62,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		dispatchCall: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "leasehold_gateway_dispatch_call_seconds", Help: "Duration of one fenced dispatch transaction (fence, pick, update, commit).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		windowFull: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leasehold_gateway_node_window_full_total", Help: "Dispatch rounds that skipped a session because its node window (--gateway.node-window) was full.",
 		}),
 		ingestBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "leasehold_gateway_ingest_batch_size", Help: "Results, acks and events written per group-commit transaction.",
@@ -114,7 +118,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "leasehold_gateway_tunnel_bytes_total", Help: "Tunnel bytes relayed, by direction (to_node, from_node).",
 		}, []string{"direction"}),
 	}
-	reg.MustRegister(m.streams, m.sessions, m.hellos, m.pushbacks, m.dispatched, m.replayed, m.dispatchLatency, m.dispatchCall, m.ingestBatch, m.ingestFlush,
+	reg.MustRegister(m.streams, m.sessions, m.hellos, m.pushbacks, m.dispatched, m.replayed, m.dispatchLatency, m.dispatchCall, m.windowFull, m.ingestBatch, m.ingestFlush,
 		m.fenceFailures, m.selfFences, m.zombies, m.renewLatency, m.results, m.events, m.specPushes)
 	reg.MustRegister(m.outputBytes, m.cancels)
 	reg.MustRegister(m.tunnelsOpen, m.tunnelsOpened, m.tunnelsRefused, m.tunnelsIdle, m.tunnelBytes)

@@ -47,8 +47,14 @@ type session struct {
 	inline bool
 	wake   chan struct{}
 
-	mu       sync.Mutex
-	queue    []*nodev1.ConnectResponse
+	// window bounds inflight (Config.NodeWindow).
+	window int
+
+	mu    sync.Mutex
+	queue []*nodev1.ConnectResponse
+	// inflight holds the commands sent (or queued to send) on this
+	// session that the node has not answered with a result.
+	inflight map[string]struct{}
 	writing  bool
 	writerCh chan struct{} // closed when the current writer exits
 	closed   bool
@@ -162,13 +168,45 @@ func (s *session) finish() *connect.Error {
 	return reason
 }
 
-// room is how many more commands dispatch may queue for the node: up to
-// half of maxQueued, so a node that reads slowly is held back by dispatch
-// instead of being closed as a slow node.
-func (s *session) room() int {
+// room is how many more commands dispatch may send the node: no more than
+// its window less the commands it holds unanswered, and no more than half
+// of maxQueued less what is queued, so a node that reads or runs slowly is
+// held back by dispatch (its commands stay pending, visible and cheap to
+// pick later) instead of being flooded or closed as a slow node.
+// windowFull says the window, not the queue, is what stops it.
+func (s *session) room() (n int, windowFull bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return maxQueued/2 - len(s.queue)
+	w := s.window - len(s.inflight)
+	return min(maxQueued/2-len(s.queue), w), w <= 0
+}
+
+// sending counts commands into the window before they are queued, so a
+// result that overtakes the enqueue still finds them. A command sent
+// again (a replay, a re-dispatch) counts once.
+func (s *session) sending(ids ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inflight == nil {
+		s.inflight = make(map[string]struct{}, len(ids))
+	}
+	for _, id := range ids {
+		s.inflight[id] = struct{}{}
+	}
+}
+
+// answered takes a command out of the window (its result, or a cancel
+// ack, arrived) and says whether the window had been full, so the caller
+// wakes dispatch for the node. An unknown id changes nothing.
+func (s *session) answered(id string) (wasFull bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.inflight[id]; !ok {
+		return false
+	}
+	wasFull = len(s.inflight) >= s.window
+	delete(s.inflight, id)
+	return wasFull
 }
 
 func (s *session) isClosed() bool {
