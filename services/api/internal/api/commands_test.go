@@ -17,7 +17,24 @@ import (
 
 func TestCreateCommandIdempotencyKey(t *testing.T) {
 	t.Parallel()
+	testIdempotencyKey(t, setup(t))
+}
+
+// TestCreateCommandIdempotencyKeyOnPartialIndex: the same behaviour when
+// the unique constraint is replaced by a partial unique index over keyed
+// commands only, the schema a later migration moves to; the api's insert
+// must work on both, so the two can be upgraded in either order.
+func TestCreateCommandIdempotencyKeyOnPartialIndex(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
+	_, err := b.db.Pool.Exec(ctxT(t), `
+ALTER TABLE commands DROP CONSTRAINT commands_node_id_idempotency_key_key;
+CREATE UNIQUE INDEX commands_idempotency_idx ON commands (node_id, idempotency_key) WHERE idempotency_key IS NOT NULL`)
+	require.NoError(t, err)
+	testIdempotencyKey(t, b)
+}
+
+func testIdempotencyKey(t *testing.T, b *bundle) {
 	ctx := ctxT(t)
 	b.registerNode("node-1", nil)
 	req := &controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`), IdempotencyKey: "k-1"}

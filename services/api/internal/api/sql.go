@@ -77,9 +77,15 @@ const listCommandsSQL = commandSelect + `
 // gateway's state updates (FOR NO KEY UPDATE).
 const lockNodeForCommandSQL = `SELECT state, compute_now() FROM nodes WHERE id = $1 FOR KEY SHARE`
 
+// insertCommandSQL names the conflict target with its predicate (WHERE
+// idempotency_key IS NOT NULL): it infers today's UNIQUE (node_id,
+// idempotency_key) and equally a partial unique index on the keyed rows
+// only, so a later migration can stop indexing the keyless majority
+// without breaking an api still running this statement
+// (docs/decisions.md, "The idempotency index can become partial").
 const insertCommandSQL = `
 INSERT INTO commands (node_id, kind, payload, deadline, idempotency_key, traceparent) VALUES ($1, $2, $3, $4, $5, $6)
-ON CONFLICT (node_id, idempotency_key) DO NOTHING` + commandReturning
+ON CONFLICT (node_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING` + commandReturning
 
 // cancelCommandSQL cancels a command that has not finished; one already
 // given to its node (dispatched or acknowledged) also gets
