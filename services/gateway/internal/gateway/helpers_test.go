@@ -145,8 +145,12 @@ func (s *rawSession) recv(t testing.TB, timeout time.Duration) (*nodev1.ConnectR
 		return r.m, r.err
 	case <-time.After(timeout):
 		s.cancel()
-		r := <-ch
-		t.Fatalf("no message within %s (then: %v)", timeout, r.err)
+		select {
+		case r := <-ch:
+			t.Fatalf("no message within %s (then: %v)", timeout, r.err)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no message within %s, and the Receive did not end on cancel either", timeout)
+		}
 		return nil, nil
 	}
 }
