@@ -197,3 +197,75 @@ func memInUse() (int64, int64) {
 	runtime.ReadMemStats(&m)
 	return int64(m.HeapAlloc + m.StackInuse), int64(m.StackInuse)
 }
+
+// BenchmarkOneNodeBurst measures how fast one node works through a burst
+// of 100 commands when it answers each at once: from the burst's insert
+// (one transaction, one coalesced wake-up) to the last result committed.
+// It is bound by how many of a node's results share a group commit and by
+// the node window (--gateway.node-window) refilling. An op is one burst.
+//
+//	cd services/gateway && go test -run '^$' -bench OneNodeBurst -benchtime 20x ./internal/gateway/
+func BenchmarkOneNodeBurst(b *testing.B) {
+	const burst = 100
+	db := pgtest.NewDB(b)
+	cfg := testConfig()
+	cfg.DispatchPoll = time.Second // the poll is only the fallback
+	g := startGateway(b, db, cfg)
+	creds := registerNodes(b, db, "burst", 1)
+	s := dialRaw(b, g.Addr())
+	s.welcome(b, "burst-0", creds[0])
+	ctx := context.Background()
+	wake := cmdwake.New(db.Pool, cmdwake.DefaultInterval, nil)
+	defer wake.Close()
+	// The node: ack and answer every command as it arrives.
+	nodeErr := make(chan error, 1)
+	go func() {
+		for {
+			m, err := s.stream.Receive()
+			if err != nil {
+				nodeErr <- err
+				return
+			}
+			c := m.GetCommand()
+			if c == nil {
+				continue
+			}
+			for _, req := range []*nodev1.ConnectRequest{
+				{Msg: &nodev1.ConnectRequest_CommandAck{CommandAck: &nodev1.CommandAck{CommandId: c.GetCommandId()}}},
+				{Msg: &nodev1.ConnectRequest_CommandResult{CommandResult: &nodev1.CommandResult{CommandId: c.GetCommandId(), ResultId: c.GetCommandId() + "/1"}}},
+			} {
+				if err := s.stream.Send(req); err != nil {
+					nodeErr <- err
+					return
+				}
+			}
+		}
+	}()
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := range b.N {
+		start := time.Now()
+		if _, err := db.Pool.Exec(ctx, `INSERT INTO commands (node_id, kind) SELECT 'burst-0', 'exec' FROM generate_series(1, $1)`, burst); err != nil {
+			b.Fatal(err)
+		}
+		wake.Created("burst-0")
+		for done := 0; done < (i+1)*burst; {
+			select {
+			case err := <-nodeErr:
+				b.Fatal(err)
+			default:
+			}
+			if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM commands WHERE node_id = 'burst-0' AND state = 'succeeded'`).Scan(&done); err != nil {
+				b.Fatal(err)
+			}
+			if done < (i+1)*burst {
+				time.Sleep(time.Millisecond) // poll interval of a loop bounded by the burst's completion
+			}
+		}
+		lat = append(lat, time.Since(start))
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(burst/lat[len(lat)/2].Seconds(), "cmds/s")
+}

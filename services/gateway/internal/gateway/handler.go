@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sync/semaphore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -378,7 +379,9 @@ func (g *Gateway) hello(ctx context.Context, stream *connect.BidiStream[nodev1.C
 		cmds[i] = r.cmd
 	}
 	body, _ := ctx.Value(bodyKey{}).(io.Closer)
-	s := &session{nodeID: h.GetNodeId(), epoch: epoch, window: g.cfg.NodeWindow, send: stream.Send, breakRecv: func() {
+	budget := int64(g.cfg.MaxMessageBytes)
+	s := &session{nodeID: h.GetNodeId(), epoch: epoch, window: g.cfg.NodeWindow,
+		reports: semaphore.NewWeighted(budget), reportBudget: budget, send: stream.Send, breakRecv: func() {
 		if body != nil {
 			_ = body.Close()
 		}
@@ -508,6 +511,11 @@ func (g *Gateway) handleMessage(ctx context.Context, s *session, req *nodev1.Con
 	case *nodev1.ConnectRequest_Hello:
 		return connect.NewError(connect.CodeFailedPrecondition, errSecondHello)
 	case *nodev1.ConnectRequest_Heartbeat:
+		// A HeartbeatAck still means every result sent before the
+		// Heartbeat is stored, as when each result was awaited in turn.
+		if err := s.settled(ctx); err != nil {
+			return connect.NewError(connect.CodeCanceled, err)
+		}
 		s.enqueue(&nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_HeartbeatAck{
 			HeartbeatAck: &nodev1.HeartbeatAck{Sequence: m.Heartbeat.GetSequence()},
 		}})
@@ -545,8 +553,12 @@ func (g *Gateway) handleAck(_ context.Context, s *session, a *nodev1.CommandAck)
 	return nil
 }
 
-// handleResult stores the result through the group commit and waits until
-// it is committed.
+// handleResult queues the result for the group commit and returns without
+// waiting for it, so the node's next messages are read while it commits;
+// the session's report budget (session.reports) bounds what is queued.
+// When the write fails the session is closed UNAVAILABLE, so the node
+// redials and, its command still in flight, resends the result on replay;
+// a result for another node's command closes it PERMISSION_DENIED.
 func (g *Gateway) handleResult(ctx context.Context, s *session, r *nodev1.CommandResult) *connect.Error {
 	if r.GetCommandId() == "" || len(r.GetCommandId()) > maxIDLen || r.GetResultId() == "" || len(r.GetResultId()) > maxIDLen {
 		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("command_result.command_id and result_id must be 1..%d bytes", maxIDLen))
@@ -557,7 +569,7 @@ func (g *Gateway) handleResult(ctx context.Context, s *session, r *nodev1.Comman
 		g.wakeDispatch(s.nodeID)
 	}
 	it := &ingestItem{kind: ingestResult, s: s, id: r.GetResultId(), command: r.GetCommandId(),
-		exitCode: r.GetExitCode(), output: r.GetOutput(), errText: r.GetError(), done: make(chan ingestOutcome, 1)}
+		exitCode: r.GetExitCode(), output: r.GetOutput(), errText: r.GetError()}
 	if r.GetStartedAt() != nil {
 		t := r.GetStartedAt().AsTime()
 		it.started = &t
@@ -569,21 +581,40 @@ func (g *Gateway) handleResult(ctx context.Context, s *session, r *nodev1.Comman
 	if it.output == nil {
 		it.output = []byte{}
 	}
-	start := spanStart()
-	o, cerr := g.awaitOutcome(ctx, it, "command result")
-	g.traceResult(ctx, s, r, o.traceparent, start, o.outcome, o.err)
-	if cerr != nil {
-		return cerr
+	w := reportWeight(len(it.output), s.reportBudget, s.window)
+	if err := s.reports.Acquire(ctx, w); err != nil {
+		return connect.NewError(connect.CodeCanceled, err)
 	}
-	outcome := o.outcome
-	g.m.results.WithLabelValues(outcome).Inc()
-	switch outcome {
+	select {
+	case <-g.ingest.stopped:
+		s.reports.Release(w)
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("gateway %s is stopping; reconnect and resend", g.id))
+	default:
+	}
+	start := spanStart()
+	it.onDone = func(o ingestOutcome) {
+		s.reports.Release(w)
+		g.resultStored(ctx, s, r, start, o)
+	}
+	g.ingest.submit(it)
+	return nil
+}
+
+// resultStored acts on the group commit's answer for a result: it runs on
+// the ingest goroutine, so it only counts, traces, logs and closes.
+func (g *Gateway) resultStored(ctx context.Context, s *session, r *nodev1.CommandResult, start time.Time, o ingestOutcome) {
+	g.traceResult(ctx, s, r, o.traceparent, start, o.outcome, o.err)
+	if o.err != nil {
+		s.close(dbError("command result", o.err))
+		return
+	}
+	g.m.results.WithLabelValues(o.outcome).Inc()
+	switch o.outcome {
 	case "denied":
-		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("command %s belongs to another node", r.GetCommandId()))
+		s.close(connect.NewError(connect.CodePermissionDenied, fmt.Errorf("command %s belongs to another node", r.GetCommandId())))
 	case "unknown":
 		g.log.Warn("result for an unknown command dropped", "node", s.nodeID, "command", r.GetCommandId())
 	}
-	return nil
 }
 
 func (g *Gateway) handleEvent(ctx context.Context, s *session, e *nodev1.Event) *connect.Error {

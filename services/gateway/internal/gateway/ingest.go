@@ -23,10 +23,13 @@ import (
 // deduplicated by (node_id, id); a node reports only for its own commands;
 // a result closes its command only if it is not terminal yet.
 //
-// A result or event is answered only once it is committed: the session's
-// read loop waits for its outcome, so a stream ends UNAVAILABLE (and the
-// node resends after redialling) if the write fails. An ack is not waited
-// for (see docs/decisions.md, "Throughput"): it only moves dispatched to
+// An event is answered only once it is committed: the session's read loop
+// waits for its outcome, so a stream ends UNAVAILABLE (and the node resends
+// after redialling) if the write fails. A result is not waited for but has
+// the same ending: its outcome, on the ingest goroutine, closes the session
+// if the write failed; the session's report budget bounds how many of its
+// results are queued, and a Heartbeat is answered only once they are
+// settled (handler.go). An ack is not waited for (see docs/decisions.md, "Throughput"): it only moves dispatched to
 // acknowledged, which replay treats alike, so losing one loses nothing; a
 // refused ack still closes the session PERMISSION_DENIED.
 //
@@ -67,7 +70,10 @@ type ingestItem struct {
 	offset int64
 	stream string
 
-	done chan ingestOutcome // nil for acks, output and cancel acks
+	done chan ingestOutcome // events: their read loop waits on it
+	// onDone, for results, is called with the outcome on the ingest
+	// goroutine; it must not block.
+	onDone func(ingestOutcome)
 }
 
 // ingestOutcome is what the group commit did with an item: stored,
@@ -161,6 +167,10 @@ func (g *Gateway) ingestLoop(ctx context.Context) {
 }
 
 func (g *Gateway) answer(it *ingestItem, o ingestOutcome) {
+	if it.onDone != nil {
+		it.onDone(o)
+		return
+	}
 	if it.done != nil {
 		it.done <- o
 		return

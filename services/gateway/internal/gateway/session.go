@@ -1,11 +1,13 @@
 package gateway
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sync/semaphore"
 
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 )
@@ -49,6 +51,11 @@ type session struct {
 
 	// window bounds inflight (Config.NodeWindow).
 	window int
+	// reports bounds the results read from the node and not yet answered
+	// by the group commit, weighted by size (reportWeight): the read loop
+	// goes on reading while they commit, within reportBudget bytes.
+	reports      *semaphore.Weighted
+	reportBudget int64
 
 	mu    sync.Mutex
 	queue []*nodev1.ConnectResponse
@@ -179,6 +186,24 @@ func (s *session) room() (n int, windowFull bool) {
 	defer s.mu.Unlock()
 	w := s.window - len(s.inflight)
 	return min(maxQueued/2-len(s.queue), w), w <= 0
+}
+
+// reportWeight is what a result of size bytes takes of the session's
+// report budget: its size, but at least budget/window, so no more than
+// window small results are outstanding, and at most the whole budget, so
+// one result as large as a message still fits.
+func reportWeight(size int, budget int64, window int) int64 {
+	return min(max(int64(size)+512, budget/int64(max(window, 1))), budget)
+}
+
+// settled waits until every result read from the node before this call
+// has been answered by the group commit (or ctx ends).
+func (s *session) settled(ctx context.Context) error {
+	if err := s.reports.Acquire(ctx, s.reportBudget); err != nil {
+		return err
+	}
+	s.reports.Release(s.reportBudget)
+	return nil
 }
 
 // sending counts commands into the window before they are queued, so a
