@@ -61,21 +61,30 @@ func BenchmarkHello(b *testing.B) {
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "hellos/s")
 }
 
+// benchNode starts a gateway whose dispatch poll is only the fallback,
+// with one welcomed node <prefix>-0, and a creator's coalesced wake-up (as
+// the api sends it), closed at cleanup.
+func benchNode(b *testing.B, prefix string) (*pgtest.DB, *rawSession, *cmdwake.Notifier) {
+	b.Helper()
+	db := pgtest.NewDB(b)
+	cfg := testConfig()
+	cfg.DispatchPoll = time.Second
+	g := startGateway(b, db, cfg)
+	creds := registerNodes(b, db, prefix, 1)
+	s := dialRaw(b, g.Addr())
+	s.welcome(b, prefix+"-0", creds[0])
+	wake := cmdwake.New(db.Pool, cmdwake.DefaultInterval, nil)
+	b.Cleanup(wake.Close)
+	return db, s, wake
+}
+
 // BenchmarkDispatchLatency measures command insert (committed) to receipt
 // on the node's stream, woken by the creator's coalesced NOTIFY
 // (pkg/cmdwake, as the api sends it), as p50 and p99.
 func BenchmarkDispatchLatency(b *testing.B) {
-	db := pgtest.NewDB(b)
-	cfg := testConfig()
-	cfg.DispatchPoll = time.Second // the poll is only the fallback
-	g := startGateway(b, db, cfg)
-	creds := registerNodes(b, db, "d", 1)
-	s := dialRaw(b, g.Addr())
-	s.welcome(b, "d-0", creds[0])
+	db, s, wake := benchNode(b, "d")
 	lat := make([]time.Duration, 0, b.N)
 	ctx := context.Background()
-	wake := cmdwake.New(db.Pool, cmdwake.DefaultInterval, nil)
-	defer wake.Close()
 	b.ResetTimer()
 	for range b.N {
 		start := time.Now()
@@ -207,16 +216,8 @@ func memInUse() (int64, int64) {
 //	cd services/gateway && go test -run '^$' -bench OneNodeBurst -benchtime 20x ./internal/gateway/
 func BenchmarkOneNodeBurst(b *testing.B) {
 	const burst = 100
-	db := pgtest.NewDB(b)
-	cfg := testConfig()
-	cfg.DispatchPoll = time.Second // the poll is only the fallback
-	g := startGateway(b, db, cfg)
-	creds := registerNodes(b, db, "burst", 1)
-	s := dialRaw(b, g.Addr())
-	s.welcome(b, "burst-0", creds[0])
+	db, s, wake := benchNode(b, "burst")
 	ctx := context.Background()
-	wake := cmdwake.New(db.Pool, cmdwake.DefaultInterval, nil)
-	defer wake.Close()
 	// The node: ack and answer every command as it arrives.
 	nodeErr := make(chan error, 1)
 	go func() {

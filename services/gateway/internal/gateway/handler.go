@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"golang.org/x/sync/semaphore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"golang.org/x/sync/semaphore"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -382,10 +382,10 @@ func (g *Gateway) hello(ctx context.Context, stream *connect.BidiStream[nodev1.C
 	budget := int64(g.cfg.MaxMessageBytes)
 	s := &session{nodeID: h.GetNodeId(), epoch: epoch, window: g.cfg.NodeWindow,
 		reports: semaphore.NewWeighted(budget), reportBudget: budget, send: stream.Send, breakRecv: func() {
-		if body != nil {
-			_ = body.Close()
-		}
-	}}
+			if body != nil {
+				_ = body.Close()
+			}
+		}}
 	if _, ok := body.(readableBody); ok {
 		s.inline, s.wake = true, make(chan struct{}, 1)
 	}

@@ -61,12 +61,9 @@ SELECT pid FROM pg_stat_activity
 // answered only once both results are stored.
 func TestResultsAreReadWhileTheyCommit(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	g := startGateway(t, db, windowConfig(2))
-	creds := registerNodes(t, db, "n", 1)
-	ids := insertOrdered(t, db, "n-0", 4)
-	s := dialRaw(t, g.Addr())
-	s.welcome(t, "n-0", creds[0])
+	c := newWindowCase(t, 2, 4)
+	db, ids := c.db, c.ids
+	s := c.connect(t)
 	require.Equal(t, ids[:2], []string{recvCommand(t, s), recvCommand(t, s)})
 
 	release := lockCommand(t, db, ids[0])
@@ -93,12 +90,9 @@ func TestResultsAreReadWhileTheyCommit(t *testing.T) {
 // resend its result.
 func TestFailedResultWriteClosesSession(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	g := startGateway(t, db, windowConfig(4))
-	creds := registerNodes(t, db, "n", 1)
-	ids := insertOrdered(t, db, "n-0", 1)
-	s := dialRaw(t, g.Addr())
-	s.welcome(t, "n-0", creds[0])
+	c := newWindowCase(t, 4, 1)
+	db, ids := c.db, c.ids
+	s := c.connect(t)
 	require.Equal(t, ids[0], recvCommand(t, s))
 
 	release := lockCommand(t, db, ids[0])
@@ -110,8 +104,7 @@ func TestFailedResultWriteClosesSession(t *testing.T) {
 	require.Equal(t, connect.CodeUnavailable, s.recvUntilErr(t, 10*time.Second))
 	release()
 
-	s2 := dialRaw(t, g.Addr())
-	s2.welcome(t, "n-0", creds[0])
+	s2 := c.connect(t)
 	require.Equal(t, ids[0], recvCommand(t, s2), "the command is replayed")
 	sendResult(t, s2, ids[0])
 	require.Eventually(t, func() bool { return commandStates(t, db, "n-0")["succeeded"] == 1 }, 10*time.Second, 10*time.Millisecond)

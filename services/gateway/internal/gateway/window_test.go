@@ -25,6 +25,32 @@ func windowConfig(window int) Config {
 	return cfg
 }
 
+// windowCase is a gateway with a node window and node n-0 registered with
+// pending commands, ids in dispatch order.
+type windowCase struct {
+	g    *Gateway
+	db   *pgtest.DB
+	cred string
+	ids  []string
+}
+
+func newWindowCase(t *testing.T, window, commands int) *windowCase {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	c := &windowCase{g: startGateway(t, db, windowConfig(window)), db: db}
+	c.cred = registerNodes(t, db, "n", 1)[0]
+	c.ids = insertOrdered(t, db, "n-0", commands)
+	return c
+}
+
+// connect opens a session for n-0 and waits for its Welcome.
+func (c *windowCase) connect(t *testing.T) *rawSession {
+	t.Helper()
+	s := dialRaw(t, c.g.Addr())
+	s.welcome(t, "n-0", c.cred)
+	return s
+}
+
 // insertOrdered inserts n pending commands for nodeID, one second apart on
 // the database clock, and returns their ids in dispatch order.
 func insertOrdered(t *testing.T, db *pgtest.DB, nodeID string, n int) []string {
@@ -86,13 +112,9 @@ func recvCommand(t *testing.T, s *rawSession) string {
 // result brings the next command, in order, without waiting for the poll.
 func TestNodeWindowHoldsTheRestPending(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	g := startGateway(t, db, windowConfig(3))
-	creds := registerNodes(t, db, "n", 1)
-	want := insertOrdered(t, db, "n-0", 7)
-
-	s := dialRaw(t, g.Addr())
-	s.welcome(t, "n-0", creds[0])
+	c := newWindowCase(t, 3, 7)
+	g, db, want := c.g, c.db, c.ids
+	s := c.connect(t)
 	got := []string{recvCommand(t, s), recvCommand(t, s), recvCommand(t, s)}
 	require.Equal(t, want[:3], got)
 	full := awaitWindowFull(t, g, 0)
@@ -116,16 +138,13 @@ func TestNodeWindowHoldsTheRestPending(t *testing.T) {
 // pending command waits until the node is back under its window.
 func TestReplayCountsIntoTheWindow(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	g := startGateway(t, db, windowConfig(2))
-	creds := registerNodes(t, db, "n", 1)
-	ids := insertOrdered(t, db, "n-0", 4)
+	c := newWindowCase(t, 2, 4)
+	g, db, ids := c.g, c.db, c.ids
 	_, err := db.Pool.Exec(context.Background(),
 		`UPDATE commands SET state = 'dispatched', dispatched_at = compute_now(), dispatch_count = 1 WHERE id = ANY($1)`, ids[:3])
 	require.NoError(t, err)
 
-	s := dialRaw(t, g.Addr())
-	s.welcome(t, "n-0", creds[0])
+	s := c.connect(t)
 	replayed := map[string]bool{}
 	for range 3 {
 		replayed[recvCommand(t, s)] = true
