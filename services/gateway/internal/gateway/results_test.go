@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -45,7 +46,7 @@ func awaitBlockedIngest(t *testing.T, db *pgtest.DB) int {
 SELECT pid FROM pg_stat_activity
  WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%command_results%'
  LIMIT 1`).Scan(&pid)
-		if err == pgx.ErrNoRows {
+		if errors.Is(err, pgx.ErrNoRows) {
 			return false
 		}
 		require.NoError(t, err)
