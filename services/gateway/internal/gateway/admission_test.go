@@ -99,7 +99,9 @@ func (h *herd) awaitAll(t testing.TB, stallAfter time.Duration) {
 	last, lastChange := -1, time.Now()
 	for range tick.C {
 		n := h.g.SessionCount()
-		if n == len(h.daemons) {
+		// The gateway registers a session before its Welcome reaches the
+		// daemon: done when both sides have counted every one.
+		if n == len(h.daemons) && h.stats().Welcomes >= int64(len(h.daemons)) {
 			return
 		}
 		if n != last {
