@@ -4674,7 +4674,13 @@ type TunnelOpen struct {
 	// node_id is the node to open the tunnel to.
 	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// target is what to connect to on the node.
-	Target        *TunnelTarget `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
+	Target *TunnelTarget `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
+	// terminal_size, for a shell, runs it on a pseudo-terminal of this size;
+	// unset runs it with pipes.
+	TerminalSize *v1.TerminalSize `protobuf:"bytes,3,opt,name=terminal_size,json=terminalSize,proto3" json:"terminal_size,omitempty"`
+	// term is the caller's TERM, passed to a shell on a pseudo-terminal
+	// (at most 64 bytes of [A-Za-z0-9._+-]).
+	Term          string `protobuf:"bytes,4,opt,name=term,proto3" json:"term,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4723,6 +4729,20 @@ func (x *TunnelOpen) GetTarget() *TunnelTarget {
 	return nil
 }
 
+func (x *TunnelOpen) GetTerminalSize() *v1.TerminalSize {
+	if x != nil {
+		return x.TerminalSize
+	}
+	return nil
+}
+
+func (x *TunnelOpen) GetTerm() string {
+	if x != nil {
+		return x.Term
+	}
+	return ""
+}
+
 // OpenTunnelRequest is one message of OpenTunnel from the caller.
 type OpenTunnelRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -4730,7 +4750,9 @@ type OpenTunnelRequest struct {
 	// the first.
 	Open *TunnelOpen `protobuf:"bytes,1,opt,name=open,proto3" json:"open,omitempty"`
 	// data is bytes for the target (at most 64 KiB per message).
-	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// resize tells a pseudo-terminal shell the caller's window changed.
+	Resize        *v1.TerminalSize `protobuf:"bytes,3,opt,name=resize,proto3" json:"resize,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4775,6 +4797,13 @@ func (x *OpenTunnelRequest) GetOpen() *TunnelOpen {
 func (x *OpenTunnelRequest) GetData() []byte {
 	if x != nil {
 		return x.Data
+	}
+	return nil
+}
+
+func (x *OpenTunnelRequest) GetResize() *v1.TerminalSize {
+	if x != nil {
+		return x.Resize
 	}
 	return nil
 }
@@ -4899,11 +4928,571 @@ func (x *OpenTunnelResponse) GetEof() bool {
 	return false
 }
 
+// JoinToken is a join token as stored: never its secret.
+type JoinToken struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id is the token's public id (the part of the secret before the dot).
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// description is free text for operators.
+	Description string `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	// labels are assigned to every node that joins with the token.
+	Labels map[string]string `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// pool_id is the pool every node that joins with the token belongs to;
+	// empty for none.
+	PoolId string `protobuf:"bytes,4,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	// max_uses is how many joins the token allows.
+	MaxUses int32 `protobuf:"varint,5,opt,name=max_uses,json=maxUses,proto3" json:"max_uses,omitempty"`
+	// uses is how many joins it has served.
+	Uses int32 `protobuf:"varint,6,opt,name=uses,proto3" json:"uses,omitempty"`
+	// created_at is when it was created.
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// expires_at is when it stops working.
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// revoked_at is when it was revoked; unset while it was not.
+	RevokedAt     *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=revoked_at,json=revokedAt,proto3" json:"revoked_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinToken) Reset() {
+	*x = JoinToken{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinToken) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinToken) ProtoMessage() {}
+
+func (x *JoinToken) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinToken.ProtoReflect.Descriptor instead.
+func (*JoinToken) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *JoinToken) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *JoinToken) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *JoinToken) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *JoinToken) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+func (x *JoinToken) GetMaxUses() int32 {
+	if x != nil {
+		return x.MaxUses
+	}
+	return 0
+}
+
+func (x *JoinToken) GetUses() int32 {
+	if x != nil {
+		return x.Uses
+	}
+	return 0
+}
+
+func (x *JoinToken) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *JoinToken) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *JoinToken) GetRevokedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RevokedAt
+	}
+	return nil
+}
+
+// CreateJoinTokenRequest is the request of CreateJoinToken.
+type CreateJoinTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ttl is how long the token works (1m..30d; unset means 24h).
+	Ttl *durationpb.Duration `protobuf:"bytes,1,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// max_uses is how many joins it allows (1..100000; 0 means 1).
+	MaxUses int32 `protobuf:"varint,2,opt,name=max_uses,json=maxUses,proto3" json:"max_uses,omitempty"`
+	// labels are assigned to every node that joins with it.
+	Labels map[string]string `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// pool_id is an existing pool the joining nodes belong to.
+	PoolId string `protobuf:"bytes,4,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	// description is free text (at most 200 bytes).
+	Description   string `protobuf:"bytes,5,opt,name=description,proto3" json:"description,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateJoinTokenRequest) Reset() {
+	*x = CreateJoinTokenRequest{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateJoinTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateJoinTokenRequest) ProtoMessage() {}
+
+func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
+func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *CreateJoinTokenRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *CreateJoinTokenRequest) GetMaxUses() int32 {
+	if x != nil {
+		return x.MaxUses
+	}
+	return 0
+}
+
+func (x *CreateJoinTokenRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *CreateJoinTokenRequest) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+func (x *CreateJoinTokenRequest) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+// CreateJoinTokenResponse is the response of CreateJoinToken.
+type CreateJoinTokenResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// join_token is the stored token.
+	JoinToken *JoinToken `protobuf:"bytes,1,opt,name=join_token,json=joinToken,proto3" json:"join_token,omitempty"`
+	// token is the secret to hand to the machines ("lhj_<id>.<secret>"),
+	// returned only here and stored only as a hash.
+	Token         string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateJoinTokenResponse) Reset() {
+	*x = CreateJoinTokenResponse{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateJoinTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateJoinTokenResponse) ProtoMessage() {}
+
+func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
+func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *CreateJoinTokenResponse) GetJoinToken() *JoinToken {
+	if x != nil {
+		return x.JoinToken
+	}
+	return nil
+}
+
+func (x *CreateJoinTokenResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+// ListJoinTokensRequest is the request of ListJoinTokens.
+type ListJoinTokensRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// include_inactive also lists expired, used-up and revoked tokens.
+	IncludeInactive bool `protobuf:"varint,1,opt,name=include_inactive,json=includeInactive,proto3" json:"include_inactive,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ListJoinTokensRequest) Reset() {
+	*x = ListJoinTokensRequest{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListJoinTokensRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListJoinTokensRequest) ProtoMessage() {}
+
+func (x *ListJoinTokensRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListJoinTokensRequest.ProtoReflect.Descriptor instead.
+func (*ListJoinTokensRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *ListJoinTokensRequest) GetIncludeInactive() bool {
+	if x != nil {
+		return x.IncludeInactive
+	}
+	return false
+}
+
+// ListJoinTokensResponse is the response of ListJoinTokens.
+type ListJoinTokensResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// join_tokens, newest first.
+	JoinTokens    []*JoinToken `protobuf:"bytes,1,rep,name=join_tokens,json=joinTokens,proto3" json:"join_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListJoinTokensResponse) Reset() {
+	*x = ListJoinTokensResponse{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListJoinTokensResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListJoinTokensResponse) ProtoMessage() {}
+
+func (x *ListJoinTokensResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListJoinTokensResponse.ProtoReflect.Descriptor instead.
+func (*ListJoinTokensResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *ListJoinTokensResponse) GetJoinTokens() []*JoinToken {
+	if x != nil {
+		return x.JoinTokens
+	}
+	return nil
+}
+
+// RevokeJoinTokenRequest is the request of RevokeJoinToken.
+type RevokeJoinTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id is the token's id.
+	Id            string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeJoinTokenRequest) Reset() {
+	*x = RevokeJoinTokenRequest{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeJoinTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeJoinTokenRequest) ProtoMessage() {}
+
+func (x *RevokeJoinTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeJoinTokenRequest.ProtoReflect.Descriptor instead.
+func (*RevokeJoinTokenRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{76}
+}
+
+func (x *RevokeJoinTokenRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+// RevokeJoinTokenResponse is the response of RevokeJoinToken.
+type RevokeJoinTokenResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// join_token is the revoked token.
+	JoinToken     *JoinToken `protobuf:"bytes,1,opt,name=join_token,json=joinToken,proto3" json:"join_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeJoinTokenResponse) Reset() {
+	*x = RevokeJoinTokenResponse{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeJoinTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeJoinTokenResponse) ProtoMessage() {}
+
+func (x *RevokeJoinTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeJoinTokenResponse.ProtoReflect.Descriptor instead.
+func (*RevokeJoinTokenResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *RevokeJoinTokenResponse) GetJoinToken() *JoinToken {
+	if x != nil {
+		return x.JoinToken
+	}
+	return nil
+}
+
+// AllowReenrollRequest is the request of AllowReenroll.
+type AllowReenrollRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node_id is the existing node that may join again.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// ttl is how long the permission lasts (1m..7d; unset means 1h).
+	Ttl *durationpb.Duration `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// reason goes to the audit trail.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AllowReenrollRequest) Reset() {
+	*x = AllowReenrollRequest{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[78]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AllowReenrollRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AllowReenrollRequest) ProtoMessage() {}
+
+func (x *AllowReenrollRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[78]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AllowReenrollRequest.ProtoReflect.Descriptor instead.
+func (*AllowReenrollRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{78}
+}
+
+func (x *AllowReenrollRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *AllowReenrollRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *AllowReenrollRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// AllowReenrollResponse is the response of AllowReenroll.
+type AllowReenrollResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node is the node.
+	Node *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// until is when the permission ends.
+	Until         *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=until,proto3" json:"until,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AllowReenrollResponse) Reset() {
+	*x = AllowReenrollResponse{}
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AllowReenrollResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AllowReenrollResponse) ProtoMessage() {}
+
+func (x *AllowReenrollResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_control_v1_control_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AllowReenrollResponse.ProtoReflect.Descriptor instead.
+func (*AllowReenrollResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_control_v1_control_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *AllowReenrollResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+func (x *AllowReenrollResponse) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
 var File_leasehold_control_v1_control_proto protoreflect.FileDescriptor
 
 const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\n" +
-	"\"leasehold/control/v1/control.proto\x12\x14leasehold.control.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cleasehold/node/v1/node.proto\"\xa3\x05\n" +
+	"\"leasehold/control/v1/control.proto\x12\x14leasehold.control.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dleasehold/node/v1/kinds.proto\x1a\x1cleasehold/node/v1/node.proto\"\xa3\x05\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12/\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x1b.leasehold.node.v1.NodeKindR\x04kind\x12\x17\n" +
@@ -5234,14 +5823,17 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\fTunnelTarget\x12\x14\n" +
 	"\x04port\x18\x01 \x01(\rH\x00R\x04port\x12\x16\n" +
 	"\x05shell\x18\x02 \x01(\bH\x00R\x05shellB\x06\n" +
-	"\x04kind\"a\n" +
+	"\x04kind\"\xbb\x01\n" +
 	"\n" +
 	"TunnelOpen\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12:\n" +
-	"\x06target\x18\x02 \x01(\v2\".leasehold.control.v1.TunnelTargetR\x06target\"]\n" +
+	"\x06target\x18\x02 \x01(\v2\".leasehold.control.v1.TunnelTargetR\x06target\x12D\n" +
+	"\rterminal_size\x18\x03 \x01(\v2\x1f.leasehold.node.v1.TerminalSizeR\fterminalSize\x12\x12\n" +
+	"\x04term\x18\x04 \x01(\tR\x04term\"\x96\x01\n" +
 	"\x11OpenTunnelRequest\x124\n" +
 	"\x04open\x18\x01 \x01(\v2 .leasehold.control.v1.TunnelOpenR\x04open\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"J\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x127\n" +
+	"\x06resize\x18\x03 \x01(\v2\x1f.leasehold.node.v1.TerminalSizeR\x06resize\"J\n" +
 	"\fTunnelOpened\x12\x1b\n" +
 	"\ttunnel_id\x18\x01 \x01(\tR\btunnelId\x12\x1d\n" +
 	"\n" +
@@ -5249,7 +5841,53 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\x12OpenTunnelResponse\x12:\n" +
 	"\x06opened\x18\x01 \x01(\v2\".leasehold.control.v1.TunnelOpenedR\x06opened\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x10\n" +
-	"\x03eof\x18\x03 \x01(\bR\x03eof*\xad\x01\n" +
+	"\x03eof\x18\x03 \x01(\bR\x03eof\"\xb6\x03\n" +
+	"\tJoinToken\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12 \n" +
+	"\vdescription\x18\x02 \x01(\tR\vdescription\x12C\n" +
+	"\x06labels\x18\x03 \x03(\v2+.leasehold.control.v1.JoinToken.LabelsEntryR\x06labels\x12\x17\n" +
+	"\apool_id\x18\x04 \x01(\tR\x06poolId\x12\x19\n" +
+	"\bmax_uses\x18\x05 \x01(\x05R\amaxUses\x12\x12\n" +
+	"\x04uses\x18\x06 \x01(\x05R\x04uses\x129\n" +
+	"\n" +
+	"created_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
+	"\n" +
+	"expires_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x129\n" +
+	"\n" +
+	"revoked_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\trevokedAt\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa8\x02\n" +
+	"\x16CreateJoinTokenRequest\x12+\n" +
+	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x19\n" +
+	"\bmax_uses\x18\x02 \x01(\x05R\amaxUses\x12P\n" +
+	"\x06labels\x18\x03 \x03(\v28.leasehold.control.v1.CreateJoinTokenRequest.LabelsEntryR\x06labels\x12\x17\n" +
+	"\apool_id\x18\x04 \x01(\tR\x06poolId\x12 \n" +
+	"\vdescription\x18\x05 \x01(\tR\vdescription\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"o\n" +
+	"\x17CreateJoinTokenResponse\x12>\n" +
+	"\n" +
+	"join_token\x18\x01 \x01(\v2\x1f.leasehold.control.v1.JoinTokenR\tjoinToken\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\tR\x05token\"B\n" +
+	"\x15ListJoinTokensRequest\x12)\n" +
+	"\x10include_inactive\x18\x01 \x01(\bR\x0fincludeInactive\"Z\n" +
+	"\x16ListJoinTokensResponse\x12@\n" +
+	"\vjoin_tokens\x18\x01 \x03(\v2\x1f.leasehold.control.v1.JoinTokenR\n" +
+	"joinTokens\"(\n" +
+	"\x16RevokeJoinTokenRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"Y\n" +
+	"\x17RevokeJoinTokenResponse\x12>\n" +
+	"\n" +
+	"join_token\x18\x01 \x01(\v2\x1f.leasehold.control.v1.JoinTokenR\tjoinToken\"t\n" +
+	"\x14AllowReenrollRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12+\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"y\n" +
+	"\x15AllowReenrollResponse\x12.\n" +
+	"\x04node\x18\x01 \x01(\v2\x1a.leasehold.control.v1.NodeR\x04node\x120\n" +
+	"\x05until\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05until*\xad\x01\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15NODE_STATE_REGISTERED\x10\x01\x12\x18\n" +
@@ -5273,7 +5911,7 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\x19POOL_LEASE_STATE_RELEASED\x10\x03*<\n" +
 	"\bSinkKind\x12\x19\n" +
 	"\x15SINK_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
-	"\x11SINK_KIND_WEBHOOK\x10\x012\x94\x17\n" +
+	"\x11SINK_KIND_WEBHOOK\x10\x012\xcb\x1a\n" +
 	"\x0eControlService\x12e\n" +
 	"\fRegisterNode\x12).leasehold.control.v1.RegisterNodeRequest\x1a*.leasehold.control.v1.RegisterNodeResponse\x12_\n" +
 	"\n" +
@@ -5311,7 +5949,11 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\x0fListAuditEvents\x12,.leasehold.control.v1.ListAuditEventsRequest\x1a-.leasehold.control.v1.ListAuditEventsResponse\x12|\n" +
 	"\x13StreamCommandOutput\x120.leasehold.control.v1.StreamCommandOutputRequest\x1a1.leasehold.control.v1.StreamCommandOutputResponse0\x01\x12c\n" +
 	"\n" +
-	"OpenTunnel\x12'.leasehold.control.v1.OpenTunnelRequest\x1a(.leasehold.control.v1.OpenTunnelResponse(\x010\x01B\xe1\x01\n" +
+	"OpenTunnel\x12'.leasehold.control.v1.OpenTunnelRequest\x1a(.leasehold.control.v1.OpenTunnelResponse(\x010\x01\x12n\n" +
+	"\x0fCreateJoinToken\x12,.leasehold.control.v1.CreateJoinTokenRequest\x1a-.leasehold.control.v1.CreateJoinTokenResponse\x12k\n" +
+	"\x0eListJoinTokens\x12+.leasehold.control.v1.ListJoinTokensRequest\x1a,.leasehold.control.v1.ListJoinTokensResponse\x12n\n" +
+	"\x0fRevokeJoinToken\x12,.leasehold.control.v1.RevokeJoinTokenRequest\x1a-.leasehold.control.v1.RevokeJoinTokenResponse\x12h\n" +
+	"\rAllowReenroll\x12*.leasehold.control.v1.AllowReenrollRequest\x1a+.leasehold.control.v1.AllowReenrollResponseB\xe1\x01\n" +
 	"\x18com.leasehold.control.v1B\fControlProtoP\x01ZEgithub.com/leasehold/leasehold/pkg/gen/leasehold/control/v1;controlv1\xa2\x02\x03LCX\xaa\x02\x14Leasehold.Control.V1\xca\x02\x14Leasehold\\Control\\V1\xe2\x02 Leasehold\\Control\\V1\\GPBMetadata\xea\x02\x16Leasehold::Control::V1b\x06proto3"
 
 var (
@@ -5327,7 +5969,7 @@ func file_leasehold_control_v1_control_proto_rawDescGZIP() []byte {
 }
 
 var file_leasehold_control_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_leasehold_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 77)
+var file_leasehold_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 88)
 var file_leasehold_control_v1_control_proto_goTypes = []any{
 	(NodeState)(0),                      // 0: leasehold.control.v1.NodeState
 	(CommandState)(0),                   // 1: leasehold.control.v1.CommandState
@@ -5404,71 +6046,83 @@ var file_leasehold_control_v1_control_proto_goTypes = []any{
 	(*OpenTunnelRequest)(nil),           // 72: leasehold.control.v1.OpenTunnelRequest
 	(*TunnelOpened)(nil),                // 73: leasehold.control.v1.TunnelOpened
 	(*OpenTunnelResponse)(nil),          // 74: leasehold.control.v1.OpenTunnelResponse
-	nil,                                 // 75: leasehold.control.v1.Node.LabelsEntry
-	nil,                                 // 76: leasehold.control.v1.Pool.LabelsEntry
-	nil,                                 // 77: leasehold.control.v1.PoolLease.SelectorEntry
-	nil,                                 // 78: leasehold.control.v1.RegisterNodeRequest.LabelsEntry
-	nil,                                 // 79: leasehold.control.v1.CreatePoolRequest.LabelsEntry
-	nil,                                 // 80: leasehold.control.v1.CreatePoolLeaseRequest.SelectorEntry
-	(v1.NodeKind)(0),                    // 81: leasehold.node.v1.NodeKind
-	(*timestamppb.Timestamp)(nil),       // 82: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),         // 83: google.protobuf.Duration
-	(v1.OutputStream)(0),                // 84: leasehold.node.v1.OutputStream
-	(*structpb.Struct)(nil),             // 85: google.protobuf.Struct
+	(*JoinToken)(nil),                   // 75: leasehold.control.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),      // 76: leasehold.control.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil),     // 77: leasehold.control.v1.CreateJoinTokenResponse
+	(*ListJoinTokensRequest)(nil),       // 78: leasehold.control.v1.ListJoinTokensRequest
+	(*ListJoinTokensResponse)(nil),      // 79: leasehold.control.v1.ListJoinTokensResponse
+	(*RevokeJoinTokenRequest)(nil),      // 80: leasehold.control.v1.RevokeJoinTokenRequest
+	(*RevokeJoinTokenResponse)(nil),     // 81: leasehold.control.v1.RevokeJoinTokenResponse
+	(*AllowReenrollRequest)(nil),        // 82: leasehold.control.v1.AllowReenrollRequest
+	(*AllowReenrollResponse)(nil),       // 83: leasehold.control.v1.AllowReenrollResponse
+	nil,                                 // 84: leasehold.control.v1.Node.LabelsEntry
+	nil,                                 // 85: leasehold.control.v1.Pool.LabelsEntry
+	nil,                                 // 86: leasehold.control.v1.PoolLease.SelectorEntry
+	nil,                                 // 87: leasehold.control.v1.RegisterNodeRequest.LabelsEntry
+	nil,                                 // 88: leasehold.control.v1.CreatePoolRequest.LabelsEntry
+	nil,                                 // 89: leasehold.control.v1.CreatePoolLeaseRequest.SelectorEntry
+	nil,                                 // 90: leasehold.control.v1.JoinToken.LabelsEntry
+	nil,                                 // 91: leasehold.control.v1.CreateJoinTokenRequest.LabelsEntry
+	(v1.NodeKind)(0),                    // 92: leasehold.node.v1.NodeKind
+	(*timestamppb.Timestamp)(nil),       // 93: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),         // 94: google.protobuf.Duration
+	(v1.OutputStream)(0),                // 95: leasehold.node.v1.OutputStream
+	(*structpb.Struct)(nil),             // 96: google.protobuf.Struct
+	(*v1.TerminalSize)(nil),             // 97: leasehold.node.v1.TerminalSize
 }
 var file_leasehold_control_v1_control_proto_depIdxs = []int32{
-	81,  // 0: leasehold.control.v1.Node.kind:type_name -> leasehold.node.v1.NodeKind
-	75,  // 1: leasehold.control.v1.Node.labels:type_name -> leasehold.control.v1.Node.LabelsEntry
+	92,  // 0: leasehold.control.v1.Node.kind:type_name -> leasehold.node.v1.NodeKind
+	84,  // 1: leasehold.control.v1.Node.labels:type_name -> leasehold.control.v1.Node.LabelsEntry
 	0,   // 2: leasehold.control.v1.Node.state:type_name -> leasehold.control.v1.NodeState
-	82,  // 3: leasehold.control.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
-	82,  // 4: leasehold.control.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	82,  // 5: leasehold.control.v1.Node.revoked_at:type_name -> google.protobuf.Timestamp
-	82,  // 6: leasehold.control.v1.Node.cordoned_at:type_name -> google.protobuf.Timestamp
+	93,  // 3: leasehold.control.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
+	93,  // 4: leasehold.control.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	93,  // 5: leasehold.control.v1.Node.revoked_at:type_name -> google.protobuf.Timestamp
+	93,  // 6: leasehold.control.v1.Node.cordoned_at:type_name -> google.protobuf.Timestamp
 	1,   // 7: leasehold.control.v1.Command.state:type_name -> leasehold.control.v1.CommandState
-	82,  // 8: leasehold.control.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	82,  // 9: leasehold.control.v1.Command.created_at:type_name -> google.protobuf.Timestamp
-	82,  // 10: leasehold.control.v1.Command.updated_at:type_name -> google.protobuf.Timestamp
-	82,  // 11: leasehold.control.v1.Command.cancel_requested_at:type_name -> google.protobuf.Timestamp
-	82,  // 12: leasehold.control.v1.CommandResult.started_at:type_name -> google.protobuf.Timestamp
-	82,  // 13: leasehold.control.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	82,  // 14: leasehold.control.v1.CommandResult.received_at:type_name -> google.protobuf.Timestamp
-	76,  // 15: leasehold.control.v1.Pool.labels:type_name -> leasehold.control.v1.Pool.LabelsEntry
-	82,  // 16: leasehold.control.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
-	77,  // 17: leasehold.control.v1.PoolLease.selector:type_name -> leasehold.control.v1.PoolLease.SelectorEntry
+	93,  // 8: leasehold.control.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	93,  // 9: leasehold.control.v1.Command.created_at:type_name -> google.protobuf.Timestamp
+	93,  // 10: leasehold.control.v1.Command.updated_at:type_name -> google.protobuf.Timestamp
+	93,  // 11: leasehold.control.v1.Command.cancel_requested_at:type_name -> google.protobuf.Timestamp
+	93,  // 12: leasehold.control.v1.CommandResult.started_at:type_name -> google.protobuf.Timestamp
+	93,  // 13: leasehold.control.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	93,  // 14: leasehold.control.v1.CommandResult.received_at:type_name -> google.protobuf.Timestamp
+	85,  // 15: leasehold.control.v1.Pool.labels:type_name -> leasehold.control.v1.Pool.LabelsEntry
+	93,  // 16: leasehold.control.v1.Pool.created_at:type_name -> google.protobuf.Timestamp
+	86,  // 17: leasehold.control.v1.PoolLease.selector:type_name -> leasehold.control.v1.PoolLease.SelectorEntry
 	2,   // 18: leasehold.control.v1.PoolLease.state:type_name -> leasehold.control.v1.PoolLeaseState
-	82,  // 19: leasehold.control.v1.PoolLease.created_at:type_name -> google.protobuf.Timestamp
-	82,  // 20: leasehold.control.v1.PoolLease.updated_at:type_name -> google.protobuf.Timestamp
-	82,  // 21: leasehold.control.v1.PoolLease.released_at:type_name -> google.protobuf.Timestamp
+	93,  // 19: leasehold.control.v1.PoolLease.created_at:type_name -> google.protobuf.Timestamp
+	93,  // 20: leasehold.control.v1.PoolLease.updated_at:type_name -> google.protobuf.Timestamp
+	93,  // 21: leasehold.control.v1.PoolLease.released_at:type_name -> google.protobuf.Timestamp
 	3,   // 22: leasehold.control.v1.Sink.kind:type_name -> leasehold.control.v1.SinkKind
-	82,  // 23: leasehold.control.v1.Sink.created_at:type_name -> google.protobuf.Timestamp
-	82,  // 24: leasehold.control.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	82,  // 25: leasehold.control.v1.Worker.heartbeat_at:type_name -> google.protobuf.Timestamp
-	83,  // 26: leasehold.control.v1.Worker.clock_skew:type_name -> google.protobuf.Duration
-	82,  // 27: leasehold.control.v1.Gateway.lease_expires_at:type_name -> google.protobuf.Timestamp
-	81,  // 28: leasehold.control.v1.RegisterNodeRequest.kind:type_name -> leasehold.node.v1.NodeKind
-	78,  // 29: leasehold.control.v1.RegisterNodeRequest.labels:type_name -> leasehold.control.v1.RegisterNodeRequest.LabelsEntry
+	93,  // 23: leasehold.control.v1.Sink.created_at:type_name -> google.protobuf.Timestamp
+	93,  // 24: leasehold.control.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	93,  // 25: leasehold.control.v1.Worker.heartbeat_at:type_name -> google.protobuf.Timestamp
+	94,  // 26: leasehold.control.v1.Worker.clock_skew:type_name -> google.protobuf.Duration
+	93,  // 27: leasehold.control.v1.Gateway.lease_expires_at:type_name -> google.protobuf.Timestamp
+	92,  // 28: leasehold.control.v1.RegisterNodeRequest.kind:type_name -> leasehold.node.v1.NodeKind
+	87,  // 29: leasehold.control.v1.RegisterNodeRequest.labels:type_name -> leasehold.control.v1.RegisterNodeRequest.LabelsEntry
 	4,   // 30: leasehold.control.v1.RegisterNodeResponse.node:type_name -> leasehold.control.v1.Node
 	4,   // 31: leasehold.control.v1.RevokeNodeResponse.node:type_name -> leasehold.control.v1.Node
 	4,   // 32: leasehold.control.v1.GetNodeResponse.node:type_name -> leasehold.control.v1.Node
 	0,   // 33: leasehold.control.v1.ListNodesRequest.state:type_name -> leasehold.control.v1.NodeState
 	4,   // 34: leasehold.control.v1.ListNodesResponse.nodes:type_name -> leasehold.control.v1.Node
-	82,  // 35: leasehold.control.v1.CreateCommandRequest.deadline:type_name -> google.protobuf.Timestamp
-	83,  // 36: leasehold.control.v1.CreateCommandRequest.timeout:type_name -> google.protobuf.Duration
+	93,  // 35: leasehold.control.v1.CreateCommandRequest.deadline:type_name -> google.protobuf.Timestamp
+	94,  // 36: leasehold.control.v1.CreateCommandRequest.timeout:type_name -> google.protobuf.Duration
 	5,   // 37: leasehold.control.v1.CreateCommandResponse.command:type_name -> leasehold.control.v1.Command
 	5,   // 38: leasehold.control.v1.GetCommandResponse.command:type_name -> leasehold.control.v1.Command
 	6,   // 39: leasehold.control.v1.GetCommandResponse.result:type_name -> leasehold.control.v1.CommandResult
 	1,   // 40: leasehold.control.v1.ListCommandsRequest.state:type_name -> leasehold.control.v1.CommandState
 	5,   // 41: leasehold.control.v1.ListCommandsResponse.commands:type_name -> leasehold.control.v1.Command
 	5,   // 42: leasehold.control.v1.CancelCommandResponse.command:type_name -> leasehold.control.v1.Command
-	83,  // 43: leasehold.control.v1.WaitCommandRequest.timeout:type_name -> google.protobuf.Duration
+	94,  // 43: leasehold.control.v1.WaitCommandRequest.timeout:type_name -> google.protobuf.Duration
 	5,   // 44: leasehold.control.v1.WaitCommandResponse.command:type_name -> leasehold.control.v1.Command
 	6,   // 45: leasehold.control.v1.WaitCommandResponse.result:type_name -> leasehold.control.v1.CommandResult
-	84,  // 46: leasehold.control.v1.StreamCommandOutputResponse.stream:type_name -> leasehold.node.v1.OutputStream
-	79,  // 47: leasehold.control.v1.CreatePoolRequest.labels:type_name -> leasehold.control.v1.CreatePoolRequest.LabelsEntry
+	95,  // 46: leasehold.control.v1.StreamCommandOutputResponse.stream:type_name -> leasehold.node.v1.OutputStream
+	88,  // 47: leasehold.control.v1.CreatePoolRequest.labels:type_name -> leasehold.control.v1.CreatePoolRequest.LabelsEntry
 	7,   // 48: leasehold.control.v1.CreatePoolResponse.pool:type_name -> leasehold.control.v1.Pool
 	7,   // 49: leasehold.control.v1.GetPoolResponse.pool:type_name -> leasehold.control.v1.Pool
 	7,   // 50: leasehold.control.v1.ListPoolsResponse.pools:type_name -> leasehold.control.v1.Pool
-	80,  // 51: leasehold.control.v1.CreatePoolLeaseRequest.selector:type_name -> leasehold.control.v1.CreatePoolLeaseRequest.SelectorEntry
+	89,  // 51: leasehold.control.v1.CreatePoolLeaseRequest.selector:type_name -> leasehold.control.v1.CreatePoolLeaseRequest.SelectorEntry
 	8,   // 52: leasehold.control.v1.CreatePoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
 	8,   // 53: leasehold.control.v1.GetPoolLeaseResponse.pool_lease:type_name -> leasehold.control.v1.PoolLease
 	2,   // 54: leasehold.control.v1.ListPoolLeasesRequest.state:type_name -> leasehold.control.v1.PoolLeaseState
@@ -5482,81 +6136,103 @@ var file_leasehold_control_v1_control_proto_depIdxs = []int32{
 	12,  // 62: leasehold.control.v1.ListGatewaysResponse.gateways:type_name -> leasehold.control.v1.Gateway
 	4,   // 63: leasehold.control.v1.CordonNodeResponse.node:type_name -> leasehold.control.v1.Node
 	4,   // 64: leasehold.control.v1.UncordonNodeResponse.node:type_name -> leasehold.control.v1.Node
-	83,  // 65: leasehold.control.v1.DrainNodeRequest.timeout:type_name -> google.protobuf.Duration
+	94,  // 65: leasehold.control.v1.DrainNodeRequest.timeout:type_name -> google.protobuf.Duration
 	4,   // 66: leasehold.control.v1.DrainNodeResponse.node:type_name -> leasehold.control.v1.Node
-	83,  // 67: leasehold.control.v1.DecommissionNodeRequest.timeout:type_name -> google.protobuf.Duration
+	94,  // 67: leasehold.control.v1.DecommissionNodeRequest.timeout:type_name -> google.protobuf.Duration
 	4,   // 68: leasehold.control.v1.DecommissionNodeResponse.node:type_name -> leasehold.control.v1.Node
-	82,  // 69: leasehold.control.v1.AuditEvent.at:type_name -> google.protobuf.Timestamp
-	85,  // 70: leasehold.control.v1.AuditEvent.detail:type_name -> google.protobuf.Struct
-	82,  // 71: leasehold.control.v1.ListAuditEventsRequest.since:type_name -> google.protobuf.Timestamp
-	82,  // 72: leasehold.control.v1.ListAuditEventsRequest.until:type_name -> google.protobuf.Timestamp
+	93,  // 69: leasehold.control.v1.AuditEvent.at:type_name -> google.protobuf.Timestamp
+	96,  // 70: leasehold.control.v1.AuditEvent.detail:type_name -> google.protobuf.Struct
+	93,  // 71: leasehold.control.v1.ListAuditEventsRequest.since:type_name -> google.protobuf.Timestamp
+	93,  // 72: leasehold.control.v1.ListAuditEventsRequest.until:type_name -> google.protobuf.Timestamp
 	67,  // 73: leasehold.control.v1.ListAuditEventsResponse.events:type_name -> leasehold.control.v1.AuditEvent
 	70,  // 74: leasehold.control.v1.TunnelOpen.target:type_name -> leasehold.control.v1.TunnelTarget
-	71,  // 75: leasehold.control.v1.OpenTunnelRequest.open:type_name -> leasehold.control.v1.TunnelOpen
-	73,  // 76: leasehold.control.v1.OpenTunnelResponse.opened:type_name -> leasehold.control.v1.TunnelOpened
-	13,  // 77: leasehold.control.v1.ControlService.RegisterNode:input_type -> leasehold.control.v1.RegisterNodeRequest
-	15,  // 78: leasehold.control.v1.ControlService.RevokeNode:input_type -> leasehold.control.v1.RevokeNodeRequest
-	17,  // 79: leasehold.control.v1.ControlService.GetNode:input_type -> leasehold.control.v1.GetNodeRequest
-	19,  // 80: leasehold.control.v1.ControlService.ListNodes:input_type -> leasehold.control.v1.ListNodesRequest
-	21,  // 81: leasehold.control.v1.ControlService.CreateCommand:input_type -> leasehold.control.v1.CreateCommandRequest
-	23,  // 82: leasehold.control.v1.ControlService.GetCommand:input_type -> leasehold.control.v1.GetCommandRequest
-	25,  // 83: leasehold.control.v1.ControlService.ListCommands:input_type -> leasehold.control.v1.ListCommandsRequest
-	27,  // 84: leasehold.control.v1.ControlService.CancelCommand:input_type -> leasehold.control.v1.CancelCommandRequest
-	29,  // 85: leasehold.control.v1.ControlService.WaitCommand:input_type -> leasehold.control.v1.WaitCommandRequest
-	33,  // 86: leasehold.control.v1.ControlService.CreatePool:input_type -> leasehold.control.v1.CreatePoolRequest
-	35,  // 87: leasehold.control.v1.ControlService.GetPool:input_type -> leasehold.control.v1.GetPoolRequest
-	37,  // 88: leasehold.control.v1.ControlService.ListPools:input_type -> leasehold.control.v1.ListPoolsRequest
-	39,  // 89: leasehold.control.v1.ControlService.CreatePoolLease:input_type -> leasehold.control.v1.CreatePoolLeaseRequest
-	41,  // 90: leasehold.control.v1.ControlService.GetPoolLease:input_type -> leasehold.control.v1.GetPoolLeaseRequest
-	43,  // 91: leasehold.control.v1.ControlService.ListPoolLeases:input_type -> leasehold.control.v1.ListPoolLeasesRequest
-	45,  // 92: leasehold.control.v1.ControlService.ReleasePoolLease:input_type -> leasehold.control.v1.ReleasePoolLeaseRequest
-	47,  // 93: leasehold.control.v1.ControlService.CreateSink:input_type -> leasehold.control.v1.CreateSinkRequest
-	49,  // 94: leasehold.control.v1.ControlService.ListSinks:input_type -> leasehold.control.v1.ListSinksRequest
-	51,  // 95: leasehold.control.v1.ControlService.DeleteSink:input_type -> leasehold.control.v1.DeleteSinkRequest
-	53,  // 96: leasehold.control.v1.ControlService.ListLeases:input_type -> leasehold.control.v1.ListLeasesRequest
-	55,  // 97: leasehold.control.v1.ControlService.ListWorkers:input_type -> leasehold.control.v1.ListWorkersRequest
-	57,  // 98: leasehold.control.v1.ControlService.ListGateways:input_type -> leasehold.control.v1.ListGatewaysRequest
-	59,  // 99: leasehold.control.v1.ControlService.CordonNode:input_type -> leasehold.control.v1.CordonNodeRequest
-	61,  // 100: leasehold.control.v1.ControlService.UncordonNode:input_type -> leasehold.control.v1.UncordonNodeRequest
-	63,  // 101: leasehold.control.v1.ControlService.DrainNode:input_type -> leasehold.control.v1.DrainNodeRequest
-	65,  // 102: leasehold.control.v1.ControlService.DecommissionNode:input_type -> leasehold.control.v1.DecommissionNodeRequest
-	68,  // 103: leasehold.control.v1.ControlService.ListAuditEvents:input_type -> leasehold.control.v1.ListAuditEventsRequest
-	31,  // 104: leasehold.control.v1.ControlService.StreamCommandOutput:input_type -> leasehold.control.v1.StreamCommandOutputRequest
-	72,  // 105: leasehold.control.v1.ControlService.OpenTunnel:input_type -> leasehold.control.v1.OpenTunnelRequest
-	14,  // 106: leasehold.control.v1.ControlService.RegisterNode:output_type -> leasehold.control.v1.RegisterNodeResponse
-	16,  // 107: leasehold.control.v1.ControlService.RevokeNode:output_type -> leasehold.control.v1.RevokeNodeResponse
-	18,  // 108: leasehold.control.v1.ControlService.GetNode:output_type -> leasehold.control.v1.GetNodeResponse
-	20,  // 109: leasehold.control.v1.ControlService.ListNodes:output_type -> leasehold.control.v1.ListNodesResponse
-	22,  // 110: leasehold.control.v1.ControlService.CreateCommand:output_type -> leasehold.control.v1.CreateCommandResponse
-	24,  // 111: leasehold.control.v1.ControlService.GetCommand:output_type -> leasehold.control.v1.GetCommandResponse
-	26,  // 112: leasehold.control.v1.ControlService.ListCommands:output_type -> leasehold.control.v1.ListCommandsResponse
-	28,  // 113: leasehold.control.v1.ControlService.CancelCommand:output_type -> leasehold.control.v1.CancelCommandResponse
-	30,  // 114: leasehold.control.v1.ControlService.WaitCommand:output_type -> leasehold.control.v1.WaitCommandResponse
-	34,  // 115: leasehold.control.v1.ControlService.CreatePool:output_type -> leasehold.control.v1.CreatePoolResponse
-	36,  // 116: leasehold.control.v1.ControlService.GetPool:output_type -> leasehold.control.v1.GetPoolResponse
-	38,  // 117: leasehold.control.v1.ControlService.ListPools:output_type -> leasehold.control.v1.ListPoolsResponse
-	40,  // 118: leasehold.control.v1.ControlService.CreatePoolLease:output_type -> leasehold.control.v1.CreatePoolLeaseResponse
-	42,  // 119: leasehold.control.v1.ControlService.GetPoolLease:output_type -> leasehold.control.v1.GetPoolLeaseResponse
-	44,  // 120: leasehold.control.v1.ControlService.ListPoolLeases:output_type -> leasehold.control.v1.ListPoolLeasesResponse
-	46,  // 121: leasehold.control.v1.ControlService.ReleasePoolLease:output_type -> leasehold.control.v1.ReleasePoolLeaseResponse
-	48,  // 122: leasehold.control.v1.ControlService.CreateSink:output_type -> leasehold.control.v1.CreateSinkResponse
-	50,  // 123: leasehold.control.v1.ControlService.ListSinks:output_type -> leasehold.control.v1.ListSinksResponse
-	52,  // 124: leasehold.control.v1.ControlService.DeleteSink:output_type -> leasehold.control.v1.DeleteSinkResponse
-	54,  // 125: leasehold.control.v1.ControlService.ListLeases:output_type -> leasehold.control.v1.ListLeasesResponse
-	56,  // 126: leasehold.control.v1.ControlService.ListWorkers:output_type -> leasehold.control.v1.ListWorkersResponse
-	58,  // 127: leasehold.control.v1.ControlService.ListGateways:output_type -> leasehold.control.v1.ListGatewaysResponse
-	60,  // 128: leasehold.control.v1.ControlService.CordonNode:output_type -> leasehold.control.v1.CordonNodeResponse
-	62,  // 129: leasehold.control.v1.ControlService.UncordonNode:output_type -> leasehold.control.v1.UncordonNodeResponse
-	64,  // 130: leasehold.control.v1.ControlService.DrainNode:output_type -> leasehold.control.v1.DrainNodeResponse
-	66,  // 131: leasehold.control.v1.ControlService.DecommissionNode:output_type -> leasehold.control.v1.DecommissionNodeResponse
-	69,  // 132: leasehold.control.v1.ControlService.ListAuditEvents:output_type -> leasehold.control.v1.ListAuditEventsResponse
-	32,  // 133: leasehold.control.v1.ControlService.StreamCommandOutput:output_type -> leasehold.control.v1.StreamCommandOutputResponse
-	74,  // 134: leasehold.control.v1.ControlService.OpenTunnel:output_type -> leasehold.control.v1.OpenTunnelResponse
-	106, // [106:135] is the sub-list for method output_type
-	77,  // [77:106] is the sub-list for method input_type
-	77,  // [77:77] is the sub-list for extension type_name
-	77,  // [77:77] is the sub-list for extension extendee
-	0,   // [0:77] is the sub-list for field type_name
+	97,  // 75: leasehold.control.v1.TunnelOpen.terminal_size:type_name -> leasehold.node.v1.TerminalSize
+	71,  // 76: leasehold.control.v1.OpenTunnelRequest.open:type_name -> leasehold.control.v1.TunnelOpen
+	97,  // 77: leasehold.control.v1.OpenTunnelRequest.resize:type_name -> leasehold.node.v1.TerminalSize
+	73,  // 78: leasehold.control.v1.OpenTunnelResponse.opened:type_name -> leasehold.control.v1.TunnelOpened
+	90,  // 79: leasehold.control.v1.JoinToken.labels:type_name -> leasehold.control.v1.JoinToken.LabelsEntry
+	93,  // 80: leasehold.control.v1.JoinToken.created_at:type_name -> google.protobuf.Timestamp
+	93,  // 81: leasehold.control.v1.JoinToken.expires_at:type_name -> google.protobuf.Timestamp
+	93,  // 82: leasehold.control.v1.JoinToken.revoked_at:type_name -> google.protobuf.Timestamp
+	94,  // 83: leasehold.control.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
+	91,  // 84: leasehold.control.v1.CreateJoinTokenRequest.labels:type_name -> leasehold.control.v1.CreateJoinTokenRequest.LabelsEntry
+	75,  // 85: leasehold.control.v1.CreateJoinTokenResponse.join_token:type_name -> leasehold.control.v1.JoinToken
+	75,  // 86: leasehold.control.v1.ListJoinTokensResponse.join_tokens:type_name -> leasehold.control.v1.JoinToken
+	75,  // 87: leasehold.control.v1.RevokeJoinTokenResponse.join_token:type_name -> leasehold.control.v1.JoinToken
+	94,  // 88: leasehold.control.v1.AllowReenrollRequest.ttl:type_name -> google.protobuf.Duration
+	4,   // 89: leasehold.control.v1.AllowReenrollResponse.node:type_name -> leasehold.control.v1.Node
+	93,  // 90: leasehold.control.v1.AllowReenrollResponse.until:type_name -> google.protobuf.Timestamp
+	13,  // 91: leasehold.control.v1.ControlService.RegisterNode:input_type -> leasehold.control.v1.RegisterNodeRequest
+	15,  // 92: leasehold.control.v1.ControlService.RevokeNode:input_type -> leasehold.control.v1.RevokeNodeRequest
+	17,  // 93: leasehold.control.v1.ControlService.GetNode:input_type -> leasehold.control.v1.GetNodeRequest
+	19,  // 94: leasehold.control.v1.ControlService.ListNodes:input_type -> leasehold.control.v1.ListNodesRequest
+	21,  // 95: leasehold.control.v1.ControlService.CreateCommand:input_type -> leasehold.control.v1.CreateCommandRequest
+	23,  // 96: leasehold.control.v1.ControlService.GetCommand:input_type -> leasehold.control.v1.GetCommandRequest
+	25,  // 97: leasehold.control.v1.ControlService.ListCommands:input_type -> leasehold.control.v1.ListCommandsRequest
+	27,  // 98: leasehold.control.v1.ControlService.CancelCommand:input_type -> leasehold.control.v1.CancelCommandRequest
+	29,  // 99: leasehold.control.v1.ControlService.WaitCommand:input_type -> leasehold.control.v1.WaitCommandRequest
+	33,  // 100: leasehold.control.v1.ControlService.CreatePool:input_type -> leasehold.control.v1.CreatePoolRequest
+	35,  // 101: leasehold.control.v1.ControlService.GetPool:input_type -> leasehold.control.v1.GetPoolRequest
+	37,  // 102: leasehold.control.v1.ControlService.ListPools:input_type -> leasehold.control.v1.ListPoolsRequest
+	39,  // 103: leasehold.control.v1.ControlService.CreatePoolLease:input_type -> leasehold.control.v1.CreatePoolLeaseRequest
+	41,  // 104: leasehold.control.v1.ControlService.GetPoolLease:input_type -> leasehold.control.v1.GetPoolLeaseRequest
+	43,  // 105: leasehold.control.v1.ControlService.ListPoolLeases:input_type -> leasehold.control.v1.ListPoolLeasesRequest
+	45,  // 106: leasehold.control.v1.ControlService.ReleasePoolLease:input_type -> leasehold.control.v1.ReleasePoolLeaseRequest
+	47,  // 107: leasehold.control.v1.ControlService.CreateSink:input_type -> leasehold.control.v1.CreateSinkRequest
+	49,  // 108: leasehold.control.v1.ControlService.ListSinks:input_type -> leasehold.control.v1.ListSinksRequest
+	51,  // 109: leasehold.control.v1.ControlService.DeleteSink:input_type -> leasehold.control.v1.DeleteSinkRequest
+	53,  // 110: leasehold.control.v1.ControlService.ListLeases:input_type -> leasehold.control.v1.ListLeasesRequest
+	55,  // 111: leasehold.control.v1.ControlService.ListWorkers:input_type -> leasehold.control.v1.ListWorkersRequest
+	57,  // 112: leasehold.control.v1.ControlService.ListGateways:input_type -> leasehold.control.v1.ListGatewaysRequest
+	59,  // 113: leasehold.control.v1.ControlService.CordonNode:input_type -> leasehold.control.v1.CordonNodeRequest
+	61,  // 114: leasehold.control.v1.ControlService.UncordonNode:input_type -> leasehold.control.v1.UncordonNodeRequest
+	63,  // 115: leasehold.control.v1.ControlService.DrainNode:input_type -> leasehold.control.v1.DrainNodeRequest
+	65,  // 116: leasehold.control.v1.ControlService.DecommissionNode:input_type -> leasehold.control.v1.DecommissionNodeRequest
+	68,  // 117: leasehold.control.v1.ControlService.ListAuditEvents:input_type -> leasehold.control.v1.ListAuditEventsRequest
+	31,  // 118: leasehold.control.v1.ControlService.StreamCommandOutput:input_type -> leasehold.control.v1.StreamCommandOutputRequest
+	72,  // 119: leasehold.control.v1.ControlService.OpenTunnel:input_type -> leasehold.control.v1.OpenTunnelRequest
+	76,  // 120: leasehold.control.v1.ControlService.CreateJoinToken:input_type -> leasehold.control.v1.CreateJoinTokenRequest
+	78,  // 121: leasehold.control.v1.ControlService.ListJoinTokens:input_type -> leasehold.control.v1.ListJoinTokensRequest
+	80,  // 122: leasehold.control.v1.ControlService.RevokeJoinToken:input_type -> leasehold.control.v1.RevokeJoinTokenRequest
+	82,  // 123: leasehold.control.v1.ControlService.AllowReenroll:input_type -> leasehold.control.v1.AllowReenrollRequest
+	14,  // 124: leasehold.control.v1.ControlService.RegisterNode:output_type -> leasehold.control.v1.RegisterNodeResponse
+	16,  // 125: leasehold.control.v1.ControlService.RevokeNode:output_type -> leasehold.control.v1.RevokeNodeResponse
+	18,  // 126: leasehold.control.v1.ControlService.GetNode:output_type -> leasehold.control.v1.GetNodeResponse
+	20,  // 127: leasehold.control.v1.ControlService.ListNodes:output_type -> leasehold.control.v1.ListNodesResponse
+	22,  // 128: leasehold.control.v1.ControlService.CreateCommand:output_type -> leasehold.control.v1.CreateCommandResponse
+	24,  // 129: leasehold.control.v1.ControlService.GetCommand:output_type -> leasehold.control.v1.GetCommandResponse
+	26,  // 130: leasehold.control.v1.ControlService.ListCommands:output_type -> leasehold.control.v1.ListCommandsResponse
+	28,  // 131: leasehold.control.v1.ControlService.CancelCommand:output_type -> leasehold.control.v1.CancelCommandResponse
+	30,  // 132: leasehold.control.v1.ControlService.WaitCommand:output_type -> leasehold.control.v1.WaitCommandResponse
+	34,  // 133: leasehold.control.v1.ControlService.CreatePool:output_type -> leasehold.control.v1.CreatePoolResponse
+	36,  // 134: leasehold.control.v1.ControlService.GetPool:output_type -> leasehold.control.v1.GetPoolResponse
+	38,  // 135: leasehold.control.v1.ControlService.ListPools:output_type -> leasehold.control.v1.ListPoolsResponse
+	40,  // 136: leasehold.control.v1.ControlService.CreatePoolLease:output_type -> leasehold.control.v1.CreatePoolLeaseResponse
+	42,  // 137: leasehold.control.v1.ControlService.GetPoolLease:output_type -> leasehold.control.v1.GetPoolLeaseResponse
+	44,  // 138: leasehold.control.v1.ControlService.ListPoolLeases:output_type -> leasehold.control.v1.ListPoolLeasesResponse
+	46,  // 139: leasehold.control.v1.ControlService.ReleasePoolLease:output_type -> leasehold.control.v1.ReleasePoolLeaseResponse
+	48,  // 140: leasehold.control.v1.ControlService.CreateSink:output_type -> leasehold.control.v1.CreateSinkResponse
+	50,  // 141: leasehold.control.v1.ControlService.ListSinks:output_type -> leasehold.control.v1.ListSinksResponse
+	52,  // 142: leasehold.control.v1.ControlService.DeleteSink:output_type -> leasehold.control.v1.DeleteSinkResponse
+	54,  // 143: leasehold.control.v1.ControlService.ListLeases:output_type -> leasehold.control.v1.ListLeasesResponse
+	56,  // 144: leasehold.control.v1.ControlService.ListWorkers:output_type -> leasehold.control.v1.ListWorkersResponse
+	58,  // 145: leasehold.control.v1.ControlService.ListGateways:output_type -> leasehold.control.v1.ListGatewaysResponse
+	60,  // 146: leasehold.control.v1.ControlService.CordonNode:output_type -> leasehold.control.v1.CordonNodeResponse
+	62,  // 147: leasehold.control.v1.ControlService.UncordonNode:output_type -> leasehold.control.v1.UncordonNodeResponse
+	64,  // 148: leasehold.control.v1.ControlService.DrainNode:output_type -> leasehold.control.v1.DrainNodeResponse
+	66,  // 149: leasehold.control.v1.ControlService.DecommissionNode:output_type -> leasehold.control.v1.DecommissionNodeResponse
+	69,  // 150: leasehold.control.v1.ControlService.ListAuditEvents:output_type -> leasehold.control.v1.ListAuditEventsResponse
+	32,  // 151: leasehold.control.v1.ControlService.StreamCommandOutput:output_type -> leasehold.control.v1.StreamCommandOutputResponse
+	74,  // 152: leasehold.control.v1.ControlService.OpenTunnel:output_type -> leasehold.control.v1.OpenTunnelResponse
+	77,  // 153: leasehold.control.v1.ControlService.CreateJoinToken:output_type -> leasehold.control.v1.CreateJoinTokenResponse
+	79,  // 154: leasehold.control.v1.ControlService.ListJoinTokens:output_type -> leasehold.control.v1.ListJoinTokensResponse
+	81,  // 155: leasehold.control.v1.ControlService.RevokeJoinToken:output_type -> leasehold.control.v1.RevokeJoinTokenResponse
+	83,  // 156: leasehold.control.v1.ControlService.AllowReenroll:output_type -> leasehold.control.v1.AllowReenrollResponse
+	124, // [124:157] is the sub-list for method output_type
+	91,  // [91:124] is the sub-list for method input_type
+	91,  // [91:91] is the sub-list for extension type_name
+	91,  // [91:91] is the sub-list for extension extendee
+	0,   // [0:91] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_control_v1_control_proto_init() }
@@ -5578,7 +6254,7 @@ func file_leasehold_control_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_control_v1_control_proto_rawDesc), len(file_leasehold_control_v1_control_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   77,
+			NumMessages:   88,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

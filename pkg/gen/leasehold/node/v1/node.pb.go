@@ -1700,7 +1700,13 @@ type OpenTunnel struct {
 	//
 	//	*OpenTunnel_Port
 	//	*OpenTunnel_Shell
-	Target        isOpenTunnel_Target `protobuf_oneof:"target"`
+	Target isOpenTunnel_Target `protobuf_oneof:"target"`
+	// terminal_size, for a shell, asks for a pseudo-terminal of this size
+	// (docs/node.md, "Shells"); unset runs the shell with pipes, as daemons
+	// that predate it do.
+	TerminalSize *TerminalSize `protobuf:"bytes,5,opt,name=terminal_size,json=terminalSize,proto3" json:"terminal_size,omitempty"`
+	// term is the caller's TERM, passed to a shell run on a pseudo-terminal.
+	Term          string `protobuf:"bytes,6,opt,name=term,proto3" json:"term,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1772,6 +1778,20 @@ func (x *OpenTunnel) GetShell() bool {
 		}
 	}
 	return false
+}
+
+func (x *OpenTunnel) GetTerminalSize() *TerminalSize {
+	if x != nil {
+		return x.TerminalSize
+	}
+	return nil
+}
+
+func (x *OpenTunnel) GetTerm() string {
+	if x != nil {
+		return x.Term
+	}
+	return ""
 }
 
 type isOpenTunnel_Target interface {
@@ -1929,7 +1949,10 @@ type TunnelResponse struct {
 	Data []byte `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
 	// eof says the caller will send nothing more: the daemon half-closes the
 	// target's write side.
-	Eof           bool `protobuf:"varint,2,opt,name=eof,proto3" json:"eof,omitempty"`
+	Eof bool `protobuf:"varint,2,opt,name=eof,proto3" json:"eof,omitempty"`
+	// resize sets a pseudo-terminal shell's new size (the caller's window
+	// changed); ignored for other targets.
+	Resize        *TerminalSize `protobuf:"bytes,3,opt,name=resize,proto3" json:"resize,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1978,11 +2001,18 @@ func (x *TunnelResponse) GetEof() bool {
 	return false
 }
 
+func (x *TunnelResponse) GetResize() *TerminalSize {
+	if x != nil {
+		return x.Resize
+	}
+	return nil
+}
+
 var File_leasehold_node_v1_node_proto protoreflect.FileDescriptor
 
 const file_leasehold_node_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x1cleasehold/node/v1/node.proto\x12\x11leasehold.node.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd0\x03\n" +
+	"\x1cleasehold/node/v1/node.proto\x12\x11leasehold.node.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dleasehold/node/v1/kinds.proto\"\xd0\x03\n" +
 	"\x0eConnectRequest\x120\n" +
 	"\x05hello\x18\x01 \x01(\v2\x18.leasehold.node.v1.HelloH\x00R\x05hello\x12<\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x1c.leasehold.node.v1.HeartbeatH\x00R\theartbeat\x12@\n" +
@@ -2103,13 +2133,15 @@ const file_leasehold_node_v1_node_proto_rawDesc = "" +
 	"\tCancelAck\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12:\n" +
-	"\aoutcome\x18\x02 \x01(\x0e2 .leasehold.node.v1.CancelOutcomeR\aoutcome\"w\n" +
+	"\aoutcome\x18\x02 \x01(\x0e2 .leasehold.node.v1.CancelOutcomeR\aoutcome\"\xd1\x01\n" +
 	"\n" +
 	"OpenTunnel\x12\x1b\n" +
 	"\ttunnel_id\x18\x01 \x01(\tR\btunnelId\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\fR\x05token\x12\x14\n" +
 	"\x04port\x18\x03 \x01(\rH\x00R\x04port\x12\x16\n" +
-	"\x05shell\x18\x04 \x01(\bH\x00R\x05shellB\b\n" +
+	"\x05shell\x18\x04 \x01(\bH\x00R\x05shell\x12D\n" +
+	"\rterminal_size\x18\x05 \x01(\v2\x1f.leasehold.node.v1.TerminalSizeR\fterminalSize\x12\x12\n" +
+	"\x04term\x18\x06 \x01(\tR\x04termB\b\n" +
 	"\x06target\"\x85\x01\n" +
 	"\fTunnelAttach\x12\x1b\n" +
 	"\ttunnel_id\x18\x01 \x01(\tR\btunnelId\x12\x14\n" +
@@ -2119,10 +2151,11 @@ const file_leasehold_node_v1_node_proto_rawDesc = "" +
 	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\"\\\n" +
 	"\rTunnelRequest\x127\n" +
 	"\x06attach\x18\x01 \x01(\v2\x1f.leasehold.node.v1.TunnelAttachR\x06attach\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"6\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"o\n" +
 	"\x0eTunnelResponse\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x10\n" +
-	"\x03eof\x18\x02 \x01(\bR\x03eof*S\n" +
+	"\x03eof\x18\x02 \x01(\bR\x03eof\x127\n" +
+	"\x06resize\x18\x03 \x01(\v2\x1f.leasehold.node.v1.TerminalSizeR\x06resize*S\n" +
 	"\bNodeKind\x12\x19\n" +
 	"\x15NODE_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eNODE_KIND_NODE\x10\x01\x12\x18\n" +
@@ -2187,6 +2220,7 @@ var file_leasehold_node_v1_node_proto_goTypes = []any{
 	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
 	(*structpb.Struct)(nil),       // 29: google.protobuf.Struct
 	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
+	(*TerminalSize)(nil),          // 31: leasehold.node.v1.TerminalSize
 }
 var file_leasehold_node_v1_node_proto_depIdxs = []int32{
 	5,  // 0: leasehold.node.v1.ConnectRequest.hello:type_name -> leasehold.node.v1.Hello
@@ -2226,16 +2260,18 @@ var file_leasehold_node_v1_node_proto_depIdxs = []int32{
 	30, // 34: leasehold.node.v1.SiteBoot.promote_after:type_name -> google.protobuf.Duration
 	1,  // 35: leasehold.node.v1.CommandOutput.stream:type_name -> leasehold.node.v1.OutputStream
 	2,  // 36: leasehold.node.v1.CancelAck.outcome:type_name -> leasehold.node.v1.CancelOutcome
-	22, // 37: leasehold.node.v1.TunnelRequest.attach:type_name -> leasehold.node.v1.TunnelAttach
-	3,  // 38: leasehold.node.v1.NodeGatewayService.Connect:input_type -> leasehold.node.v1.ConnectRequest
-	23, // 39: leasehold.node.v1.NodeGatewayService.Tunnel:input_type -> leasehold.node.v1.TunnelRequest
-	4,  // 40: leasehold.node.v1.NodeGatewayService.Connect:output_type -> leasehold.node.v1.ConnectResponse
-	24, // 41: leasehold.node.v1.NodeGatewayService.Tunnel:output_type -> leasehold.node.v1.TunnelResponse
-	40, // [40:42] is the sub-list for method output_type
-	38, // [38:40] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	31, // 37: leasehold.node.v1.OpenTunnel.terminal_size:type_name -> leasehold.node.v1.TerminalSize
+	22, // 38: leasehold.node.v1.TunnelRequest.attach:type_name -> leasehold.node.v1.TunnelAttach
+	31, // 39: leasehold.node.v1.TunnelResponse.resize:type_name -> leasehold.node.v1.TerminalSize
+	3,  // 40: leasehold.node.v1.NodeGatewayService.Connect:input_type -> leasehold.node.v1.ConnectRequest
+	23, // 41: leasehold.node.v1.NodeGatewayService.Tunnel:input_type -> leasehold.node.v1.TunnelRequest
+	4,  // 42: leasehold.node.v1.NodeGatewayService.Connect:output_type -> leasehold.node.v1.ConnectResponse
+	24, // 43: leasehold.node.v1.NodeGatewayService.Tunnel:output_type -> leasehold.node.v1.TunnelResponse
+	42, // [42:44] is the sub-list for method output_type
+	40, // [40:42] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_node_v1_node_proto_init() }
@@ -2243,6 +2279,7 @@ func file_leasehold_node_v1_node_proto_init() {
 	if File_leasehold_node_v1_node_proto != nil {
 		return
 	}
+	file_leasehold_node_v1_kinds_proto_init()
 	file_leasehold_node_v1_node_proto_msgTypes[0].OneofWrappers = []any{
 		(*ConnectRequest_Hello)(nil),
 		(*ConnectRequest_Heartbeat)(nil),

@@ -15,6 +15,7 @@ package relayv1
 
 import (
 	v1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
+	v11 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -37,7 +38,11 @@ type RelayOpen struct {
 	// target is what to connect to on the node.
 	Target *v1.TunnelTarget `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
 	// actor is the api caller, for the gateway's logs.
-	Actor         string `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
+	Actor string `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
+	// terminal_size and term are the caller's (control.v1.TunnelOpen).
+	TerminalSize *v11.TerminalSize `protobuf:"bytes,4,opt,name=terminal_size,json=terminalSize,proto3" json:"terminal_size,omitempty"`
+	// term is the caller's TERM.
+	Term          string `protobuf:"bytes,5,opt,name=term,proto3" json:"term,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -93,13 +98,29 @@ func (x *RelayOpen) GetActor() string {
 	return ""
 }
 
+func (x *RelayOpen) GetTerminalSize() *v11.TerminalSize {
+	if x != nil {
+		return x.TerminalSize
+	}
+	return nil
+}
+
+func (x *RelayOpen) GetTerm() string {
+	if x != nil {
+		return x.Term
+	}
+	return ""
+}
+
 // RelayTunnelRequest is one message of RelayTunnel from the api.
 type RelayTunnelRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// open is the first message and only the first.
 	Open *RelayOpen `protobuf:"bytes,1,opt,name=open,proto3" json:"open,omitempty"`
 	// data is bytes for the target.
-	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// resize is the caller's new terminal size.
+	Resize        *v11.TerminalSize `protobuf:"bytes,3,opt,name=resize,proto3" json:"resize,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -144,6 +165,13 @@ func (x *RelayTunnelRequest) GetOpen() *RelayOpen {
 func (x *RelayTunnelRequest) GetData() []byte {
 	if x != nil {
 		return x.Data
+	}
+	return nil
+}
+
+func (x *RelayTunnelRequest) GetResize() *v11.TerminalSize {
+	if x != nil {
+		return x.Resize
 	}
 	return nil
 }
@@ -216,14 +244,17 @@ var File_leasehold_relay_v1_relay_proto protoreflect.FileDescriptor
 
 const file_leasehold_relay_v1_relay_proto_rawDesc = "" +
 	"\n" +
-	"\x1eleasehold/relay/v1/relay.proto\x12\x12leasehold.relay.v1\x1a\"leasehold/control/v1/control.proto\"v\n" +
+	"\x1eleasehold/relay/v1/relay.proto\x12\x12leasehold.relay.v1\x1a\"leasehold/control/v1/control.proto\x1a\x1dleasehold/node/v1/kinds.proto\"\xd0\x01\n" +
 	"\tRelayOpen\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12:\n" +
 	"\x06target\x18\x02 \x01(\v2\".leasehold.control.v1.TunnelTargetR\x06target\x12\x14\n" +
-	"\x05actor\x18\x03 \x01(\tR\x05actor\"[\n" +
+	"\x05actor\x18\x03 \x01(\tR\x05actor\x12D\n" +
+	"\rterminal_size\x18\x04 \x01(\v2\x1f.leasehold.node.v1.TerminalSizeR\fterminalSize\x12\x12\n" +
+	"\x04term\x18\x05 \x01(\tR\x04term\"\x94\x01\n" +
 	"\x12RelayTunnelRequest\x121\n" +
 	"\x04open\x18\x01 \x01(\v2\x1d.leasehold.relay.v1.RelayOpenR\x04open\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"w\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x127\n" +
+	"\x06resize\x18\x03 \x01(\v2\x1f.leasehold.node.v1.TerminalSizeR\x06resize\"w\n" +
 	"\x13RelayTunnelResponse\x12:\n" +
 	"\x06opened\x18\x01 \x01(\v2\".leasehold.control.v1.TunnelOpenedR\x06opened\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x10\n" +
@@ -251,19 +282,22 @@ var file_leasehold_relay_v1_relay_proto_goTypes = []any{
 	(*RelayTunnelRequest)(nil),  // 1: leasehold.relay.v1.RelayTunnelRequest
 	(*RelayTunnelResponse)(nil), // 2: leasehold.relay.v1.RelayTunnelResponse
 	(*v1.TunnelTarget)(nil),     // 3: leasehold.control.v1.TunnelTarget
-	(*v1.TunnelOpened)(nil),     // 4: leasehold.control.v1.TunnelOpened
+	(*v11.TerminalSize)(nil),    // 4: leasehold.node.v1.TerminalSize
+	(*v1.TunnelOpened)(nil),     // 5: leasehold.control.v1.TunnelOpened
 }
 var file_leasehold_relay_v1_relay_proto_depIdxs = []int32{
 	3, // 0: leasehold.relay.v1.RelayOpen.target:type_name -> leasehold.control.v1.TunnelTarget
-	0, // 1: leasehold.relay.v1.RelayTunnelRequest.open:type_name -> leasehold.relay.v1.RelayOpen
-	4, // 2: leasehold.relay.v1.RelayTunnelResponse.opened:type_name -> leasehold.control.v1.TunnelOpened
-	1, // 3: leasehold.relay.v1.GatewayRelayService.RelayTunnel:input_type -> leasehold.relay.v1.RelayTunnelRequest
-	2, // 4: leasehold.relay.v1.GatewayRelayService.RelayTunnel:output_type -> leasehold.relay.v1.RelayTunnelResponse
-	4, // [4:5] is the sub-list for method output_type
-	3, // [3:4] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	4, // 1: leasehold.relay.v1.RelayOpen.terminal_size:type_name -> leasehold.node.v1.TerminalSize
+	0, // 2: leasehold.relay.v1.RelayTunnelRequest.open:type_name -> leasehold.relay.v1.RelayOpen
+	4, // 3: leasehold.relay.v1.RelayTunnelRequest.resize:type_name -> leasehold.node.v1.TerminalSize
+	5, // 4: leasehold.relay.v1.RelayTunnelResponse.opened:type_name -> leasehold.control.v1.TunnelOpened
+	1, // 5: leasehold.relay.v1.GatewayRelayService.RelayTunnel:input_type -> leasehold.relay.v1.RelayTunnelRequest
+	2, // 6: leasehold.relay.v1.GatewayRelayService.RelayTunnel:output_type -> leasehold.relay.v1.RelayTunnelResponse
+	6, // [6:7] is the sub-list for method output_type
+	5, // [5:6] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_relay_v1_relay_proto_init() }

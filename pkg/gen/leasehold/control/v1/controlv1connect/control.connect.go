@@ -122,6 +122,18 @@ const (
 	// ControlServiceOpenTunnelProcedure is the fully-qualified name of the ControlService's OpenTunnel
 	// RPC.
 	ControlServiceOpenTunnelProcedure = "/leasehold.control.v1.ControlService/OpenTunnel"
+	// ControlServiceCreateJoinTokenProcedure is the fully-qualified name of the ControlService's
+	// CreateJoinToken RPC.
+	ControlServiceCreateJoinTokenProcedure = "/leasehold.control.v1.ControlService/CreateJoinToken"
+	// ControlServiceListJoinTokensProcedure is the fully-qualified name of the ControlService's
+	// ListJoinTokens RPC.
+	ControlServiceListJoinTokensProcedure = "/leasehold.control.v1.ControlService/ListJoinTokens"
+	// ControlServiceRevokeJoinTokenProcedure is the fully-qualified name of the ControlService's
+	// RevokeJoinToken RPC.
+	ControlServiceRevokeJoinTokenProcedure = "/leasehold.control.v1.ControlService/RevokeJoinToken"
+	// ControlServiceAllowReenrollProcedure is the fully-qualified name of the ControlService's
+	// AllowReenroll RPC.
+	ControlServiceAllowReenrollProcedure = "/leasehold.control.v1.ControlService/AllowReenroll"
 )
 
 // ControlServiceClient is a client for the leasehold.control.v1.ControlService service.
@@ -197,6 +209,18 @@ type ControlServiceClient interface {
 	// side half-closes with a response whose eof is set. The tunnel dies with
 	// its gateway or the node's session (UNAVAILABLE): open a new one.
 	OpenTunnel(context.Context) *connect.BidiStreamForClient[v1.OpenTunnelRequest, v1.OpenTunnelResponse]
+	// CreateJoinToken creates a join token (docs/node.md, "Enrollment"): a
+	// secret a machine exchanges once per use for its own node credential
+	// (leasehold-node join). The token is returned only here.
+	CreateJoinToken(context.Context, *connect.Request[v1.CreateJoinTokenRequest]) (*connect.Response[v1.CreateJoinTokenResponse], error)
+	// ListJoinTokens lists join tokens (never their secrets).
+	ListJoinTokens(context.Context, *connect.Request[v1.ListJoinTokensRequest]) (*connect.Response[v1.ListJoinTokensResponse], error)
+	// RevokeJoinToken makes a join token unusable; revoking twice is not an error.
+	RevokeJoinToken(context.Context, *connect.Request[v1.RevokeJoinTokenRequest]) (*connect.Response[v1.RevokeJoinTokenResponse], error)
+	// AllowReenroll lets a node that already exists (a re-imaged machine)
+	// join again under its id with a join token, within a window; the join
+	// replaces its credentials.
+	AllowReenroll(context.Context, *connect.Request[v1.AllowReenrollRequest]) (*connect.Response[v1.AllowReenrollResponse], error)
 }
 
 // NewControlServiceClient constructs a client for the leasehold.control.v1.ControlService service.
@@ -384,6 +408,30 @@ func NewControlServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(controlServiceMethods.ByName("OpenTunnel")),
 			connect.WithClientOptions(opts...),
 		),
+		createJoinToken: connect.NewClient[v1.CreateJoinTokenRequest, v1.CreateJoinTokenResponse](
+			httpClient,
+			baseURL+ControlServiceCreateJoinTokenProcedure,
+			connect.WithSchema(controlServiceMethods.ByName("CreateJoinToken")),
+			connect.WithClientOptions(opts...),
+		),
+		listJoinTokens: connect.NewClient[v1.ListJoinTokensRequest, v1.ListJoinTokensResponse](
+			httpClient,
+			baseURL+ControlServiceListJoinTokensProcedure,
+			connect.WithSchema(controlServiceMethods.ByName("ListJoinTokens")),
+			connect.WithClientOptions(opts...),
+		),
+		revokeJoinToken: connect.NewClient[v1.RevokeJoinTokenRequest, v1.RevokeJoinTokenResponse](
+			httpClient,
+			baseURL+ControlServiceRevokeJoinTokenProcedure,
+			connect.WithSchema(controlServiceMethods.ByName("RevokeJoinToken")),
+			connect.WithClientOptions(opts...),
+		),
+		allowReenroll: connect.NewClient[v1.AllowReenrollRequest, v1.AllowReenrollResponse](
+			httpClient,
+			baseURL+ControlServiceAllowReenrollProcedure,
+			connect.WithSchema(controlServiceMethods.ByName("AllowReenroll")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -418,6 +466,10 @@ type controlServiceClient struct {
 	listAuditEvents     *connect.Client[v1.ListAuditEventsRequest, v1.ListAuditEventsResponse]
 	streamCommandOutput *connect.Client[v1.StreamCommandOutputRequest, v1.StreamCommandOutputResponse]
 	openTunnel          *connect.Client[v1.OpenTunnelRequest, v1.OpenTunnelResponse]
+	createJoinToken     *connect.Client[v1.CreateJoinTokenRequest, v1.CreateJoinTokenResponse]
+	listJoinTokens      *connect.Client[v1.ListJoinTokensRequest, v1.ListJoinTokensResponse]
+	revokeJoinToken     *connect.Client[v1.RevokeJoinTokenRequest, v1.RevokeJoinTokenResponse]
+	allowReenroll       *connect.Client[v1.AllowReenrollRequest, v1.AllowReenrollResponse]
 }
 
 // RegisterNode calls leasehold.control.v1.ControlService.RegisterNode.
@@ -565,6 +617,26 @@ func (c *controlServiceClient) OpenTunnel(ctx context.Context) *connect.BidiStre
 	return c.openTunnel.CallBidiStream(ctx)
 }
 
+// CreateJoinToken calls leasehold.control.v1.ControlService.CreateJoinToken.
+func (c *controlServiceClient) CreateJoinToken(ctx context.Context, req *connect.Request[v1.CreateJoinTokenRequest]) (*connect.Response[v1.CreateJoinTokenResponse], error) {
+	return c.createJoinToken.CallUnary(ctx, req)
+}
+
+// ListJoinTokens calls leasehold.control.v1.ControlService.ListJoinTokens.
+func (c *controlServiceClient) ListJoinTokens(ctx context.Context, req *connect.Request[v1.ListJoinTokensRequest]) (*connect.Response[v1.ListJoinTokensResponse], error) {
+	return c.listJoinTokens.CallUnary(ctx, req)
+}
+
+// RevokeJoinToken calls leasehold.control.v1.ControlService.RevokeJoinToken.
+func (c *controlServiceClient) RevokeJoinToken(ctx context.Context, req *connect.Request[v1.RevokeJoinTokenRequest]) (*connect.Response[v1.RevokeJoinTokenResponse], error) {
+	return c.revokeJoinToken.CallUnary(ctx, req)
+}
+
+// AllowReenroll calls leasehold.control.v1.ControlService.AllowReenroll.
+func (c *controlServiceClient) AllowReenroll(ctx context.Context, req *connect.Request[v1.AllowReenrollRequest]) (*connect.Response[v1.AllowReenrollResponse], error) {
+	return c.allowReenroll.CallUnary(ctx, req)
+}
+
 // ControlServiceHandler is an implementation of the leasehold.control.v1.ControlService service.
 type ControlServiceHandler interface {
 	// RegisterNode creates a node and returns its credential, once.
@@ -638,6 +710,18 @@ type ControlServiceHandler interface {
 	// side half-closes with a response whose eof is set. The tunnel dies with
 	// its gateway or the node's session (UNAVAILABLE): open a new one.
 	OpenTunnel(context.Context, *connect.BidiStream[v1.OpenTunnelRequest, v1.OpenTunnelResponse]) error
+	// CreateJoinToken creates a join token (docs/node.md, "Enrollment"): a
+	// secret a machine exchanges once per use for its own node credential
+	// (leasehold-node join). The token is returned only here.
+	CreateJoinToken(context.Context, *connect.Request[v1.CreateJoinTokenRequest]) (*connect.Response[v1.CreateJoinTokenResponse], error)
+	// ListJoinTokens lists join tokens (never their secrets).
+	ListJoinTokens(context.Context, *connect.Request[v1.ListJoinTokensRequest]) (*connect.Response[v1.ListJoinTokensResponse], error)
+	// RevokeJoinToken makes a join token unusable; revoking twice is not an error.
+	RevokeJoinToken(context.Context, *connect.Request[v1.RevokeJoinTokenRequest]) (*connect.Response[v1.RevokeJoinTokenResponse], error)
+	// AllowReenroll lets a node that already exists (a re-imaged machine)
+	// join again under its id with a join token, within a window; the join
+	// replaces its credentials.
+	AllowReenroll(context.Context, *connect.Request[v1.AllowReenrollRequest]) (*connect.Response[v1.AllowReenrollResponse], error)
 }
 
 // NewControlServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -821,6 +905,30 @@ func NewControlServiceHandler(svc ControlServiceHandler, opts ...connect.Handler
 		connect.WithSchema(controlServiceMethods.ByName("OpenTunnel")),
 		connect.WithHandlerOptions(opts...),
 	)
+	controlServiceCreateJoinTokenHandler := connect.NewUnaryHandler(
+		ControlServiceCreateJoinTokenProcedure,
+		svc.CreateJoinToken,
+		connect.WithSchema(controlServiceMethods.ByName("CreateJoinToken")),
+		connect.WithHandlerOptions(opts...),
+	)
+	controlServiceListJoinTokensHandler := connect.NewUnaryHandler(
+		ControlServiceListJoinTokensProcedure,
+		svc.ListJoinTokens,
+		connect.WithSchema(controlServiceMethods.ByName("ListJoinTokens")),
+		connect.WithHandlerOptions(opts...),
+	)
+	controlServiceRevokeJoinTokenHandler := connect.NewUnaryHandler(
+		ControlServiceRevokeJoinTokenProcedure,
+		svc.RevokeJoinToken,
+		connect.WithSchema(controlServiceMethods.ByName("RevokeJoinToken")),
+		connect.WithHandlerOptions(opts...),
+	)
+	controlServiceAllowReenrollHandler := connect.NewUnaryHandler(
+		ControlServiceAllowReenrollProcedure,
+		svc.AllowReenroll,
+		connect.WithSchema(controlServiceMethods.ByName("AllowReenroll")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/leasehold.control.v1.ControlService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ControlServiceRegisterNodeProcedure:
@@ -881,6 +989,14 @@ func NewControlServiceHandler(svc ControlServiceHandler, opts ...connect.Handler
 			controlServiceStreamCommandOutputHandler.ServeHTTP(w, r)
 		case ControlServiceOpenTunnelProcedure:
 			controlServiceOpenTunnelHandler.ServeHTTP(w, r)
+		case ControlServiceCreateJoinTokenProcedure:
+			controlServiceCreateJoinTokenHandler.ServeHTTP(w, r)
+		case ControlServiceListJoinTokensProcedure:
+			controlServiceListJoinTokensHandler.ServeHTTP(w, r)
+		case ControlServiceRevokeJoinTokenProcedure:
+			controlServiceRevokeJoinTokenHandler.ServeHTTP(w, r)
+		case ControlServiceAllowReenrollProcedure:
+			controlServiceAllowReenrollHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -1004,4 +1120,20 @@ func (UnimplementedControlServiceHandler) StreamCommandOutput(context.Context, *
 
 func (UnimplementedControlServiceHandler) OpenTunnel(context.Context, *connect.BidiStream[v1.OpenTunnelRequest, v1.OpenTunnelResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.OpenTunnel is not implemented"))
+}
+
+func (UnimplementedControlServiceHandler) CreateJoinToken(context.Context, *connect.Request[v1.CreateJoinTokenRequest]) (*connect.Response[v1.CreateJoinTokenResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.CreateJoinToken is not implemented"))
+}
+
+func (UnimplementedControlServiceHandler) ListJoinTokens(context.Context, *connect.Request[v1.ListJoinTokensRequest]) (*connect.Response[v1.ListJoinTokensResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.ListJoinTokens is not implemented"))
+}
+
+func (UnimplementedControlServiceHandler) RevokeJoinToken(context.Context, *connect.Request[v1.RevokeJoinTokenRequest]) (*connect.Response[v1.RevokeJoinTokenResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.RevokeJoinToken is not implemented"))
+}
+
+func (UnimplementedControlServiceHandler) AllowReenroll(context.Context, *connect.Request[v1.AllowReenrollRequest]) (*connect.Response[v1.AllowReenrollResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.AllowReenroll is not implemented"))
 }

@@ -13,13 +13,15 @@ import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegen
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { TunnelOpened, TunnelTarget } from "../../control/v1/control_pb.js";
 import { file_leasehold_control_v1_control } from "../../control/v1/control_pb.js";
+import type { TerminalSize } from "../../node/v1/kinds_pb.js";
+import { file_leasehold_node_v1_kinds } from "../../node/v1/kinds_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file leasehold/relay/v1/relay.proto.
  */
 export const file_leasehold_relay_v1_relay: GenFile = /*@__PURE__*/
-  fileDesc("Ch5sZWFzZWhvbGQvcmVsYXkvdjEvcmVsYXkucHJvdG8SEmxlYXNlaG9sZC5yZWxheS52MSJfCglSZWxheU9wZW4SDwoHbm9kZV9pZBgBIAEoCRIyCgZ0YXJnZXQYAiABKAsyIi5sZWFzZWhvbGQuY29udHJvbC52MS5UdW5uZWxUYXJnZXQSDQoFYWN0b3IYAyABKAkiTwoSUmVsYXlUdW5uZWxSZXF1ZXN0EisKBG9wZW4YASABKAsyHS5sZWFzZWhvbGQucmVsYXkudjEuUmVsYXlPcGVuEgwKBGRhdGEYAiABKAwiZAoTUmVsYXlUdW5uZWxSZXNwb25zZRIyCgZvcGVuZWQYASABKAsyIi5sZWFzZWhvbGQuY29udHJvbC52MS5UdW5uZWxPcGVuZWQSDAoEZGF0YRgCIAEoDBILCgNlb2YYAyABKAgyeQoTR2F0ZXdheVJlbGF5U2VydmljZRJiCgtSZWxheVR1bm5lbBImLmxlYXNlaG9sZC5yZWxheS52MS5SZWxheVR1bm5lbFJlcXVlc3QaJy5sZWFzZWhvbGQucmVsYXkudjEuUmVsYXlUdW5uZWxSZXNwb25zZSgBMAFiBnByb3RvMw", [file_leasehold_control_v1_control]);
+  fileDesc("Ch5sZWFzZWhvbGQvcmVsYXkvdjEvcmVsYXkucHJvdG8SEmxlYXNlaG9sZC5yZWxheS52MSKlAQoJUmVsYXlPcGVuEg8KB25vZGVfaWQYASABKAkSMgoGdGFyZ2V0GAIgASgLMiIubGVhc2Vob2xkLmNvbnRyb2wudjEuVHVubmVsVGFyZ2V0Eg0KBWFjdG9yGAMgASgJEjYKDXRlcm1pbmFsX3NpemUYBCABKAsyHy5sZWFzZWhvbGQubm9kZS52MS5UZXJtaW5hbFNpemUSDAoEdGVybRgFIAEoCSKAAQoSUmVsYXlUdW5uZWxSZXF1ZXN0EisKBG9wZW4YASABKAsyHS5sZWFzZWhvbGQucmVsYXkudjEuUmVsYXlPcGVuEgwKBGRhdGEYAiABKAwSLwoGcmVzaXplGAMgASgLMh8ubGVhc2Vob2xkLm5vZGUudjEuVGVybWluYWxTaXplImQKE1JlbGF5VHVubmVsUmVzcG9uc2USMgoGb3BlbmVkGAEgASgLMiIubGVhc2Vob2xkLmNvbnRyb2wudjEuVHVubmVsT3BlbmVkEgwKBGRhdGEYAiABKAwSCwoDZW9mGAMgASgIMnkKE0dhdGV3YXlSZWxheVNlcnZpY2USYgoLUmVsYXlUdW5uZWwSJi5sZWFzZWhvbGQucmVsYXkudjEuUmVsYXlUdW5uZWxSZXF1ZXN0GicubGVhc2Vob2xkLnJlbGF5LnYxLlJlbGF5VHVubmVsUmVzcG9uc2UoATABYgZwcm90bzM", [file_leasehold_control_v1_control, file_leasehold_node_v1_kinds]);
 
 /**
  * RelayOpen is the first request of RelayTunnel.
@@ -47,6 +49,20 @@ export type RelayOpen = Message<"leasehold.relay.v1.RelayOpen"> & {
    * @generated from field: string actor = 3;
    */
   actor: string;
+
+  /**
+   * terminal_size and term are the caller's (control.v1.TunnelOpen).
+   *
+   * @generated from field: leasehold.node.v1.TerminalSize terminal_size = 4;
+   */
+  terminalSize?: TerminalSize;
+
+  /**
+   * term is the caller's TERM.
+   *
+   * @generated from field: string term = 5;
+   */
+  term: string;
 };
 
 /**
@@ -75,6 +91,13 @@ export type RelayTunnelRequest = Message<"leasehold.relay.v1.RelayTunnelRequest"
    * @generated from field: bytes data = 2;
    */
   data: Uint8Array;
+
+  /**
+   * resize is the caller's new terminal size.
+   *
+   * @generated from field: leasehold.node.v1.TerminalSize resize = 3;
+   */
+  resize?: TerminalSize;
 };
 
 /**
