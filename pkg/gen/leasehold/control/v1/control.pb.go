@@ -4872,7 +4872,9 @@ type OpenTunnelResponse struct {
 	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
 	// eof says the target will send nothing more (its side half-closed); the
 	// stream ends once the caller has half-closed too.
-	Eof           bool `protobuf:"varint,3,opt,name=eof,proto3" json:"eof,omitempty"`
+	Eof bool `protobuf:"varint,3,opt,name=eof,proto3" json:"eof,omitempty"`
+	// shell_exit says how a shell ended; sent once, before eof.
+	ShellExit     *v1.ShellExit `protobuf:"bytes,4,opt,name=shell_exit,json=shellExit,proto3" json:"shell_exit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4926,6 +4928,13 @@ func (x *OpenTunnelResponse) GetEof() bool {
 		return x.Eof
 	}
 	return false
+}
+
+func (x *OpenTunnelResponse) GetShellExit() *v1.ShellExit {
+	if x != nil {
+		return x.ShellExit
+	}
+	return nil
 }
 
 // JoinToken is a join token as stored: never its secret.
@@ -5837,11 +5846,13 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\fTunnelOpened\x12\x1b\n" +
 	"\ttunnel_id\x18\x01 \x01(\tR\btunnelId\x12\x1d\n" +
 	"\n" +
-	"gateway_id\x18\x02 \x01(\tR\tgatewayId\"v\n" +
+	"gateway_id\x18\x02 \x01(\tR\tgatewayId\"\xb3\x01\n" +
 	"\x12OpenTunnelResponse\x12:\n" +
 	"\x06opened\x18\x01 \x01(\v2\".leasehold.control.v1.TunnelOpenedR\x06opened\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x10\n" +
-	"\x03eof\x18\x03 \x01(\bR\x03eof\"\xb6\x03\n" +
+	"\x03eof\x18\x03 \x01(\bR\x03eof\x12;\n" +
+	"\n" +
+	"shell_exit\x18\x04 \x01(\v2\x1c.leasehold.node.v1.ShellExitR\tshellExit\"\xb6\x03\n" +
 	"\tJoinToken\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12C\n" +
@@ -6069,6 +6080,7 @@ var file_leasehold_control_v1_control_proto_goTypes = []any{
 	(v1.OutputStream)(0),                // 95: leasehold.node.v1.OutputStream
 	(*structpb.Struct)(nil),             // 96: google.protobuf.Struct
 	(*v1.TerminalSize)(nil),             // 97: leasehold.node.v1.TerminalSize
+	(*v1.ShellExit)(nil),                // 98: leasehold.node.v1.ShellExit
 }
 var file_leasehold_control_v1_control_proto_depIdxs = []int32{
 	92,  // 0: leasehold.control.v1.Node.kind:type_name -> leasehold.node.v1.NodeKind
@@ -6150,89 +6162,90 @@ var file_leasehold_control_v1_control_proto_depIdxs = []int32{
 	71,  // 76: leasehold.control.v1.OpenTunnelRequest.open:type_name -> leasehold.control.v1.TunnelOpen
 	97,  // 77: leasehold.control.v1.OpenTunnelRequest.resize:type_name -> leasehold.node.v1.TerminalSize
 	73,  // 78: leasehold.control.v1.OpenTunnelResponse.opened:type_name -> leasehold.control.v1.TunnelOpened
-	90,  // 79: leasehold.control.v1.JoinToken.labels:type_name -> leasehold.control.v1.JoinToken.LabelsEntry
-	93,  // 80: leasehold.control.v1.JoinToken.created_at:type_name -> google.protobuf.Timestamp
-	93,  // 81: leasehold.control.v1.JoinToken.expires_at:type_name -> google.protobuf.Timestamp
-	93,  // 82: leasehold.control.v1.JoinToken.revoked_at:type_name -> google.protobuf.Timestamp
-	94,  // 83: leasehold.control.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
-	91,  // 84: leasehold.control.v1.CreateJoinTokenRequest.labels:type_name -> leasehold.control.v1.CreateJoinTokenRequest.LabelsEntry
-	75,  // 85: leasehold.control.v1.CreateJoinTokenResponse.join_token:type_name -> leasehold.control.v1.JoinToken
-	75,  // 86: leasehold.control.v1.ListJoinTokensResponse.join_tokens:type_name -> leasehold.control.v1.JoinToken
-	75,  // 87: leasehold.control.v1.RevokeJoinTokenResponse.join_token:type_name -> leasehold.control.v1.JoinToken
-	94,  // 88: leasehold.control.v1.AllowReenrollRequest.ttl:type_name -> google.protobuf.Duration
-	4,   // 89: leasehold.control.v1.AllowReenrollResponse.node:type_name -> leasehold.control.v1.Node
-	93,  // 90: leasehold.control.v1.AllowReenrollResponse.until:type_name -> google.protobuf.Timestamp
-	13,  // 91: leasehold.control.v1.ControlService.RegisterNode:input_type -> leasehold.control.v1.RegisterNodeRequest
-	15,  // 92: leasehold.control.v1.ControlService.RevokeNode:input_type -> leasehold.control.v1.RevokeNodeRequest
-	17,  // 93: leasehold.control.v1.ControlService.GetNode:input_type -> leasehold.control.v1.GetNodeRequest
-	19,  // 94: leasehold.control.v1.ControlService.ListNodes:input_type -> leasehold.control.v1.ListNodesRequest
-	21,  // 95: leasehold.control.v1.ControlService.CreateCommand:input_type -> leasehold.control.v1.CreateCommandRequest
-	23,  // 96: leasehold.control.v1.ControlService.GetCommand:input_type -> leasehold.control.v1.GetCommandRequest
-	25,  // 97: leasehold.control.v1.ControlService.ListCommands:input_type -> leasehold.control.v1.ListCommandsRequest
-	27,  // 98: leasehold.control.v1.ControlService.CancelCommand:input_type -> leasehold.control.v1.CancelCommandRequest
-	29,  // 99: leasehold.control.v1.ControlService.WaitCommand:input_type -> leasehold.control.v1.WaitCommandRequest
-	33,  // 100: leasehold.control.v1.ControlService.CreatePool:input_type -> leasehold.control.v1.CreatePoolRequest
-	35,  // 101: leasehold.control.v1.ControlService.GetPool:input_type -> leasehold.control.v1.GetPoolRequest
-	37,  // 102: leasehold.control.v1.ControlService.ListPools:input_type -> leasehold.control.v1.ListPoolsRequest
-	39,  // 103: leasehold.control.v1.ControlService.CreatePoolLease:input_type -> leasehold.control.v1.CreatePoolLeaseRequest
-	41,  // 104: leasehold.control.v1.ControlService.GetPoolLease:input_type -> leasehold.control.v1.GetPoolLeaseRequest
-	43,  // 105: leasehold.control.v1.ControlService.ListPoolLeases:input_type -> leasehold.control.v1.ListPoolLeasesRequest
-	45,  // 106: leasehold.control.v1.ControlService.ReleasePoolLease:input_type -> leasehold.control.v1.ReleasePoolLeaseRequest
-	47,  // 107: leasehold.control.v1.ControlService.CreateSink:input_type -> leasehold.control.v1.CreateSinkRequest
-	49,  // 108: leasehold.control.v1.ControlService.ListSinks:input_type -> leasehold.control.v1.ListSinksRequest
-	51,  // 109: leasehold.control.v1.ControlService.DeleteSink:input_type -> leasehold.control.v1.DeleteSinkRequest
-	53,  // 110: leasehold.control.v1.ControlService.ListLeases:input_type -> leasehold.control.v1.ListLeasesRequest
-	55,  // 111: leasehold.control.v1.ControlService.ListWorkers:input_type -> leasehold.control.v1.ListWorkersRequest
-	57,  // 112: leasehold.control.v1.ControlService.ListGateways:input_type -> leasehold.control.v1.ListGatewaysRequest
-	59,  // 113: leasehold.control.v1.ControlService.CordonNode:input_type -> leasehold.control.v1.CordonNodeRequest
-	61,  // 114: leasehold.control.v1.ControlService.UncordonNode:input_type -> leasehold.control.v1.UncordonNodeRequest
-	63,  // 115: leasehold.control.v1.ControlService.DrainNode:input_type -> leasehold.control.v1.DrainNodeRequest
-	65,  // 116: leasehold.control.v1.ControlService.DecommissionNode:input_type -> leasehold.control.v1.DecommissionNodeRequest
-	68,  // 117: leasehold.control.v1.ControlService.ListAuditEvents:input_type -> leasehold.control.v1.ListAuditEventsRequest
-	31,  // 118: leasehold.control.v1.ControlService.StreamCommandOutput:input_type -> leasehold.control.v1.StreamCommandOutputRequest
-	72,  // 119: leasehold.control.v1.ControlService.OpenTunnel:input_type -> leasehold.control.v1.OpenTunnelRequest
-	76,  // 120: leasehold.control.v1.ControlService.CreateJoinToken:input_type -> leasehold.control.v1.CreateJoinTokenRequest
-	78,  // 121: leasehold.control.v1.ControlService.ListJoinTokens:input_type -> leasehold.control.v1.ListJoinTokensRequest
-	80,  // 122: leasehold.control.v1.ControlService.RevokeJoinToken:input_type -> leasehold.control.v1.RevokeJoinTokenRequest
-	82,  // 123: leasehold.control.v1.ControlService.AllowReenroll:input_type -> leasehold.control.v1.AllowReenrollRequest
-	14,  // 124: leasehold.control.v1.ControlService.RegisterNode:output_type -> leasehold.control.v1.RegisterNodeResponse
-	16,  // 125: leasehold.control.v1.ControlService.RevokeNode:output_type -> leasehold.control.v1.RevokeNodeResponse
-	18,  // 126: leasehold.control.v1.ControlService.GetNode:output_type -> leasehold.control.v1.GetNodeResponse
-	20,  // 127: leasehold.control.v1.ControlService.ListNodes:output_type -> leasehold.control.v1.ListNodesResponse
-	22,  // 128: leasehold.control.v1.ControlService.CreateCommand:output_type -> leasehold.control.v1.CreateCommandResponse
-	24,  // 129: leasehold.control.v1.ControlService.GetCommand:output_type -> leasehold.control.v1.GetCommandResponse
-	26,  // 130: leasehold.control.v1.ControlService.ListCommands:output_type -> leasehold.control.v1.ListCommandsResponse
-	28,  // 131: leasehold.control.v1.ControlService.CancelCommand:output_type -> leasehold.control.v1.CancelCommandResponse
-	30,  // 132: leasehold.control.v1.ControlService.WaitCommand:output_type -> leasehold.control.v1.WaitCommandResponse
-	34,  // 133: leasehold.control.v1.ControlService.CreatePool:output_type -> leasehold.control.v1.CreatePoolResponse
-	36,  // 134: leasehold.control.v1.ControlService.GetPool:output_type -> leasehold.control.v1.GetPoolResponse
-	38,  // 135: leasehold.control.v1.ControlService.ListPools:output_type -> leasehold.control.v1.ListPoolsResponse
-	40,  // 136: leasehold.control.v1.ControlService.CreatePoolLease:output_type -> leasehold.control.v1.CreatePoolLeaseResponse
-	42,  // 137: leasehold.control.v1.ControlService.GetPoolLease:output_type -> leasehold.control.v1.GetPoolLeaseResponse
-	44,  // 138: leasehold.control.v1.ControlService.ListPoolLeases:output_type -> leasehold.control.v1.ListPoolLeasesResponse
-	46,  // 139: leasehold.control.v1.ControlService.ReleasePoolLease:output_type -> leasehold.control.v1.ReleasePoolLeaseResponse
-	48,  // 140: leasehold.control.v1.ControlService.CreateSink:output_type -> leasehold.control.v1.CreateSinkResponse
-	50,  // 141: leasehold.control.v1.ControlService.ListSinks:output_type -> leasehold.control.v1.ListSinksResponse
-	52,  // 142: leasehold.control.v1.ControlService.DeleteSink:output_type -> leasehold.control.v1.DeleteSinkResponse
-	54,  // 143: leasehold.control.v1.ControlService.ListLeases:output_type -> leasehold.control.v1.ListLeasesResponse
-	56,  // 144: leasehold.control.v1.ControlService.ListWorkers:output_type -> leasehold.control.v1.ListWorkersResponse
-	58,  // 145: leasehold.control.v1.ControlService.ListGateways:output_type -> leasehold.control.v1.ListGatewaysResponse
-	60,  // 146: leasehold.control.v1.ControlService.CordonNode:output_type -> leasehold.control.v1.CordonNodeResponse
-	62,  // 147: leasehold.control.v1.ControlService.UncordonNode:output_type -> leasehold.control.v1.UncordonNodeResponse
-	64,  // 148: leasehold.control.v1.ControlService.DrainNode:output_type -> leasehold.control.v1.DrainNodeResponse
-	66,  // 149: leasehold.control.v1.ControlService.DecommissionNode:output_type -> leasehold.control.v1.DecommissionNodeResponse
-	69,  // 150: leasehold.control.v1.ControlService.ListAuditEvents:output_type -> leasehold.control.v1.ListAuditEventsResponse
-	32,  // 151: leasehold.control.v1.ControlService.StreamCommandOutput:output_type -> leasehold.control.v1.StreamCommandOutputResponse
-	74,  // 152: leasehold.control.v1.ControlService.OpenTunnel:output_type -> leasehold.control.v1.OpenTunnelResponse
-	77,  // 153: leasehold.control.v1.ControlService.CreateJoinToken:output_type -> leasehold.control.v1.CreateJoinTokenResponse
-	79,  // 154: leasehold.control.v1.ControlService.ListJoinTokens:output_type -> leasehold.control.v1.ListJoinTokensResponse
-	81,  // 155: leasehold.control.v1.ControlService.RevokeJoinToken:output_type -> leasehold.control.v1.RevokeJoinTokenResponse
-	83,  // 156: leasehold.control.v1.ControlService.AllowReenroll:output_type -> leasehold.control.v1.AllowReenrollResponse
-	124, // [124:157] is the sub-list for method output_type
-	91,  // [91:124] is the sub-list for method input_type
-	91,  // [91:91] is the sub-list for extension type_name
-	91,  // [91:91] is the sub-list for extension extendee
-	0,   // [0:91] is the sub-list for field type_name
+	98,  // 79: leasehold.control.v1.OpenTunnelResponse.shell_exit:type_name -> leasehold.node.v1.ShellExit
+	90,  // 80: leasehold.control.v1.JoinToken.labels:type_name -> leasehold.control.v1.JoinToken.LabelsEntry
+	93,  // 81: leasehold.control.v1.JoinToken.created_at:type_name -> google.protobuf.Timestamp
+	93,  // 82: leasehold.control.v1.JoinToken.expires_at:type_name -> google.protobuf.Timestamp
+	93,  // 83: leasehold.control.v1.JoinToken.revoked_at:type_name -> google.protobuf.Timestamp
+	94,  // 84: leasehold.control.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
+	91,  // 85: leasehold.control.v1.CreateJoinTokenRequest.labels:type_name -> leasehold.control.v1.CreateJoinTokenRequest.LabelsEntry
+	75,  // 86: leasehold.control.v1.CreateJoinTokenResponse.join_token:type_name -> leasehold.control.v1.JoinToken
+	75,  // 87: leasehold.control.v1.ListJoinTokensResponse.join_tokens:type_name -> leasehold.control.v1.JoinToken
+	75,  // 88: leasehold.control.v1.RevokeJoinTokenResponse.join_token:type_name -> leasehold.control.v1.JoinToken
+	94,  // 89: leasehold.control.v1.AllowReenrollRequest.ttl:type_name -> google.protobuf.Duration
+	4,   // 90: leasehold.control.v1.AllowReenrollResponse.node:type_name -> leasehold.control.v1.Node
+	93,  // 91: leasehold.control.v1.AllowReenrollResponse.until:type_name -> google.protobuf.Timestamp
+	13,  // 92: leasehold.control.v1.ControlService.RegisterNode:input_type -> leasehold.control.v1.RegisterNodeRequest
+	15,  // 93: leasehold.control.v1.ControlService.RevokeNode:input_type -> leasehold.control.v1.RevokeNodeRequest
+	17,  // 94: leasehold.control.v1.ControlService.GetNode:input_type -> leasehold.control.v1.GetNodeRequest
+	19,  // 95: leasehold.control.v1.ControlService.ListNodes:input_type -> leasehold.control.v1.ListNodesRequest
+	21,  // 96: leasehold.control.v1.ControlService.CreateCommand:input_type -> leasehold.control.v1.CreateCommandRequest
+	23,  // 97: leasehold.control.v1.ControlService.GetCommand:input_type -> leasehold.control.v1.GetCommandRequest
+	25,  // 98: leasehold.control.v1.ControlService.ListCommands:input_type -> leasehold.control.v1.ListCommandsRequest
+	27,  // 99: leasehold.control.v1.ControlService.CancelCommand:input_type -> leasehold.control.v1.CancelCommandRequest
+	29,  // 100: leasehold.control.v1.ControlService.WaitCommand:input_type -> leasehold.control.v1.WaitCommandRequest
+	33,  // 101: leasehold.control.v1.ControlService.CreatePool:input_type -> leasehold.control.v1.CreatePoolRequest
+	35,  // 102: leasehold.control.v1.ControlService.GetPool:input_type -> leasehold.control.v1.GetPoolRequest
+	37,  // 103: leasehold.control.v1.ControlService.ListPools:input_type -> leasehold.control.v1.ListPoolsRequest
+	39,  // 104: leasehold.control.v1.ControlService.CreatePoolLease:input_type -> leasehold.control.v1.CreatePoolLeaseRequest
+	41,  // 105: leasehold.control.v1.ControlService.GetPoolLease:input_type -> leasehold.control.v1.GetPoolLeaseRequest
+	43,  // 106: leasehold.control.v1.ControlService.ListPoolLeases:input_type -> leasehold.control.v1.ListPoolLeasesRequest
+	45,  // 107: leasehold.control.v1.ControlService.ReleasePoolLease:input_type -> leasehold.control.v1.ReleasePoolLeaseRequest
+	47,  // 108: leasehold.control.v1.ControlService.CreateSink:input_type -> leasehold.control.v1.CreateSinkRequest
+	49,  // 109: leasehold.control.v1.ControlService.ListSinks:input_type -> leasehold.control.v1.ListSinksRequest
+	51,  // 110: leasehold.control.v1.ControlService.DeleteSink:input_type -> leasehold.control.v1.DeleteSinkRequest
+	53,  // 111: leasehold.control.v1.ControlService.ListLeases:input_type -> leasehold.control.v1.ListLeasesRequest
+	55,  // 112: leasehold.control.v1.ControlService.ListWorkers:input_type -> leasehold.control.v1.ListWorkersRequest
+	57,  // 113: leasehold.control.v1.ControlService.ListGateways:input_type -> leasehold.control.v1.ListGatewaysRequest
+	59,  // 114: leasehold.control.v1.ControlService.CordonNode:input_type -> leasehold.control.v1.CordonNodeRequest
+	61,  // 115: leasehold.control.v1.ControlService.UncordonNode:input_type -> leasehold.control.v1.UncordonNodeRequest
+	63,  // 116: leasehold.control.v1.ControlService.DrainNode:input_type -> leasehold.control.v1.DrainNodeRequest
+	65,  // 117: leasehold.control.v1.ControlService.DecommissionNode:input_type -> leasehold.control.v1.DecommissionNodeRequest
+	68,  // 118: leasehold.control.v1.ControlService.ListAuditEvents:input_type -> leasehold.control.v1.ListAuditEventsRequest
+	31,  // 119: leasehold.control.v1.ControlService.StreamCommandOutput:input_type -> leasehold.control.v1.StreamCommandOutputRequest
+	72,  // 120: leasehold.control.v1.ControlService.OpenTunnel:input_type -> leasehold.control.v1.OpenTunnelRequest
+	76,  // 121: leasehold.control.v1.ControlService.CreateJoinToken:input_type -> leasehold.control.v1.CreateJoinTokenRequest
+	78,  // 122: leasehold.control.v1.ControlService.ListJoinTokens:input_type -> leasehold.control.v1.ListJoinTokensRequest
+	80,  // 123: leasehold.control.v1.ControlService.RevokeJoinToken:input_type -> leasehold.control.v1.RevokeJoinTokenRequest
+	82,  // 124: leasehold.control.v1.ControlService.AllowReenroll:input_type -> leasehold.control.v1.AllowReenrollRequest
+	14,  // 125: leasehold.control.v1.ControlService.RegisterNode:output_type -> leasehold.control.v1.RegisterNodeResponse
+	16,  // 126: leasehold.control.v1.ControlService.RevokeNode:output_type -> leasehold.control.v1.RevokeNodeResponse
+	18,  // 127: leasehold.control.v1.ControlService.GetNode:output_type -> leasehold.control.v1.GetNodeResponse
+	20,  // 128: leasehold.control.v1.ControlService.ListNodes:output_type -> leasehold.control.v1.ListNodesResponse
+	22,  // 129: leasehold.control.v1.ControlService.CreateCommand:output_type -> leasehold.control.v1.CreateCommandResponse
+	24,  // 130: leasehold.control.v1.ControlService.GetCommand:output_type -> leasehold.control.v1.GetCommandResponse
+	26,  // 131: leasehold.control.v1.ControlService.ListCommands:output_type -> leasehold.control.v1.ListCommandsResponse
+	28,  // 132: leasehold.control.v1.ControlService.CancelCommand:output_type -> leasehold.control.v1.CancelCommandResponse
+	30,  // 133: leasehold.control.v1.ControlService.WaitCommand:output_type -> leasehold.control.v1.WaitCommandResponse
+	34,  // 134: leasehold.control.v1.ControlService.CreatePool:output_type -> leasehold.control.v1.CreatePoolResponse
+	36,  // 135: leasehold.control.v1.ControlService.GetPool:output_type -> leasehold.control.v1.GetPoolResponse
+	38,  // 136: leasehold.control.v1.ControlService.ListPools:output_type -> leasehold.control.v1.ListPoolsResponse
+	40,  // 137: leasehold.control.v1.ControlService.CreatePoolLease:output_type -> leasehold.control.v1.CreatePoolLeaseResponse
+	42,  // 138: leasehold.control.v1.ControlService.GetPoolLease:output_type -> leasehold.control.v1.GetPoolLeaseResponse
+	44,  // 139: leasehold.control.v1.ControlService.ListPoolLeases:output_type -> leasehold.control.v1.ListPoolLeasesResponse
+	46,  // 140: leasehold.control.v1.ControlService.ReleasePoolLease:output_type -> leasehold.control.v1.ReleasePoolLeaseResponse
+	48,  // 141: leasehold.control.v1.ControlService.CreateSink:output_type -> leasehold.control.v1.CreateSinkResponse
+	50,  // 142: leasehold.control.v1.ControlService.ListSinks:output_type -> leasehold.control.v1.ListSinksResponse
+	52,  // 143: leasehold.control.v1.ControlService.DeleteSink:output_type -> leasehold.control.v1.DeleteSinkResponse
+	54,  // 144: leasehold.control.v1.ControlService.ListLeases:output_type -> leasehold.control.v1.ListLeasesResponse
+	56,  // 145: leasehold.control.v1.ControlService.ListWorkers:output_type -> leasehold.control.v1.ListWorkersResponse
+	58,  // 146: leasehold.control.v1.ControlService.ListGateways:output_type -> leasehold.control.v1.ListGatewaysResponse
+	60,  // 147: leasehold.control.v1.ControlService.CordonNode:output_type -> leasehold.control.v1.CordonNodeResponse
+	62,  // 148: leasehold.control.v1.ControlService.UncordonNode:output_type -> leasehold.control.v1.UncordonNodeResponse
+	64,  // 149: leasehold.control.v1.ControlService.DrainNode:output_type -> leasehold.control.v1.DrainNodeResponse
+	66,  // 150: leasehold.control.v1.ControlService.DecommissionNode:output_type -> leasehold.control.v1.DecommissionNodeResponse
+	69,  // 151: leasehold.control.v1.ControlService.ListAuditEvents:output_type -> leasehold.control.v1.ListAuditEventsResponse
+	32,  // 152: leasehold.control.v1.ControlService.StreamCommandOutput:output_type -> leasehold.control.v1.StreamCommandOutputResponse
+	74,  // 153: leasehold.control.v1.ControlService.OpenTunnel:output_type -> leasehold.control.v1.OpenTunnelResponse
+	77,  // 154: leasehold.control.v1.ControlService.CreateJoinToken:output_type -> leasehold.control.v1.CreateJoinTokenResponse
+	79,  // 155: leasehold.control.v1.ControlService.ListJoinTokens:output_type -> leasehold.control.v1.ListJoinTokensResponse
+	81,  // 156: leasehold.control.v1.ControlService.RevokeJoinToken:output_type -> leasehold.control.v1.RevokeJoinTokenResponse
+	83,  // 157: leasehold.control.v1.ControlService.AllowReenroll:output_type -> leasehold.control.v1.AllowReenrollResponse
+	125, // [125:158] is the sub-list for method output_type
+	92,  // [92:125] is the sub-list for method input_type
+	92,  // [92:92] is the sub-list for extension type_name
+	92,  // [92:92] is the sub-list for extension extendee
+	0,   // [0:92] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_control_v1_control_proto_init() }

@@ -546,6 +546,63 @@ func (x *TerminalSize) GetCols() uint32 {
 	return 0
 }
 
+// ShellExit is how a tunnel's shell ended, sent once before the node's side
+// half-closes.
+type ShellExit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// exit_code is the shell's exit status; -1 when a signal ended it.
+	ExitCode int32 `protobuf:"varint,1,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	// signal names the signal that ended it (for example "SIGKILL"); empty
+	// when it exited.
+	Signal        string `protobuf:"bytes,2,opt,name=signal,proto3" json:"signal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShellExit) Reset() {
+	*x = ShellExit{}
+	mi := &file_leasehold_node_v1_kinds_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShellExit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShellExit) ProtoMessage() {}
+
+func (x *ShellExit) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_node_v1_kinds_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShellExit.ProtoReflect.Descriptor instead.
+func (*ShellExit) Descriptor() ([]byte, []int) {
+	return file_leasehold_node_v1_kinds_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ShellExit) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *ShellExit) GetSignal() string {
+	if x != nil {
+		return x.Signal
+	}
+	return ""
+}
+
 var File_leasehold_node_v1_kinds_proto protoreflect.FileDescriptor
 
 const file_leasehold_node_v1_kinds_proto_rawDesc = "" +
@@ -590,7 +647,10 @@ const file_leasehold_node_v1_kinds_proto_rawDesc = "" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"6\n" +
 	"\fTerminalSize\x12\x12\n" +
 	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
-	"\x04cols\x18\x02 \x01(\rR\x04colsB\xca\x01\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"@\n" +
+	"\tShellExit\x12\x1b\n" +
+	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
+	"\x06signal\x18\x02 \x01(\tR\x06signalB\xca\x01\n" +
 	"\x15com.leasehold.node.v1B\n" +
 	"KindsProtoP\x01Z?github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1;nodev1\xa2\x02\x03LNX\xaa\x02\x11Leasehold.Node.V1\xca\x02\x11Leasehold\\Node\\V1\xe2\x02\x1dLeasehold\\Node\\V1\\GPBMetadata\xea\x02\x13Leasehold::Node::V1b\x06proto3"
 
@@ -606,7 +666,7 @@ func file_leasehold_node_v1_kinds_proto_rawDescGZIP() []byte {
 	return file_leasehold_node_v1_kinds_proto_rawDescData
 }
 
-var file_leasehold_node_v1_kinds_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_leasehold_node_v1_kinds_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_leasehold_node_v1_kinds_proto_goTypes = []any{
 	(*ExecPayload)(nil),         // 0: leasehold.node.v1.ExecPayload
 	(*ScriptPayload)(nil),       // 1: leasehold.node.v1.ScriptPayload
@@ -615,21 +675,22 @@ var file_leasehold_node_v1_kinds_proto_goTypes = []any{
 	(*FactsPayload)(nil),        // 4: leasehold.node.v1.FactsPayload
 	(*RebootPayload)(nil),       // 5: leasehold.node.v1.RebootPayload
 	(*TerminalSize)(nil),        // 6: leasehold.node.v1.TerminalSize
-	nil,                         // 7: leasehold.node.v1.ExecPayload.EnvEntry
-	nil,                         // 8: leasehold.node.v1.ScriptPayload.EnvEntry
-	(*durationpb.Duration)(nil), // 9: google.protobuf.Duration
+	(*ShellExit)(nil),           // 7: leasehold.node.v1.ShellExit
+	nil,                         // 8: leasehold.node.v1.ExecPayload.EnvEntry
+	nil,                         // 9: leasehold.node.v1.ScriptPayload.EnvEntry
+	(*durationpb.Duration)(nil), // 10: google.protobuf.Duration
 }
 var file_leasehold_node_v1_kinds_proto_depIdxs = []int32{
-	7, // 0: leasehold.node.v1.ExecPayload.env:type_name -> leasehold.node.v1.ExecPayload.EnvEntry
-	9, // 1: leasehold.node.v1.ExecPayload.timeout:type_name -> google.protobuf.Duration
-	8, // 2: leasehold.node.v1.ScriptPayload.env:type_name -> leasehold.node.v1.ScriptPayload.EnvEntry
-	9, // 3: leasehold.node.v1.ScriptPayload.timeout:type_name -> google.protobuf.Duration
-	9, // 4: leasehold.node.v1.RebootPayload.delay:type_name -> google.protobuf.Duration
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	8,  // 0: leasehold.node.v1.ExecPayload.env:type_name -> leasehold.node.v1.ExecPayload.EnvEntry
+	10, // 1: leasehold.node.v1.ExecPayload.timeout:type_name -> google.protobuf.Duration
+	9,  // 2: leasehold.node.v1.ScriptPayload.env:type_name -> leasehold.node.v1.ScriptPayload.EnvEntry
+	10, // 3: leasehold.node.v1.ScriptPayload.timeout:type_name -> google.protobuf.Duration
+	10, // 4: leasehold.node.v1.RebootPayload.delay:type_name -> google.protobuf.Duration
+	5,  // [5:5] is the sub-list for method output_type
+	5,  // [5:5] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_node_v1_kinds_proto_init() }
@@ -643,7 +704,7 @@ func file_leasehold_node_v1_kinds_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_node_v1_kinds_proto_rawDesc), len(file_leasehold_node_v1_kinds_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1893,7 +1893,9 @@ type TunnelRequest struct {
 	// attach is the first message and only the first.
 	Attach *TunnelAttach `protobuf:"bytes,1,opt,name=attach,proto3" json:"attach,omitempty"`
 	// data is bytes from the target (at most 64 KiB per message).
-	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// shell_exit says how a shell ended; sent once, after its last data.
+	ShellExit     *ShellExit `protobuf:"bytes,3,opt,name=shell_exit,json=shellExit,proto3" json:"shell_exit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1938,6 +1940,13 @@ func (x *TunnelRequest) GetAttach() *TunnelAttach {
 func (x *TunnelRequest) GetData() []byte {
 	if x != nil {
 		return x.Data
+	}
+	return nil
+}
+
+func (x *TunnelRequest) GetShellExit() *ShellExit {
+	if x != nil {
+		return x.ShellExit
 	}
 	return nil
 }
@@ -2148,10 +2157,12 @@ const file_leasehold_node_v1_node_proto_rawDesc = "" +
 	"\x05token\x18\x02 \x01(\fR\x05token\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\x03 \x01(\rR\terrorCode\x12#\n" +
-	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\"\\\n" +
+	"\rerror_message\x18\x04 \x01(\tR\ferrorMessage\"\x99\x01\n" +
 	"\rTunnelRequest\x127\n" +
 	"\x06attach\x18\x01 \x01(\v2\x1f.leasehold.node.v1.TunnelAttachR\x06attach\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"o\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12;\n" +
+	"\n" +
+	"shell_exit\x18\x03 \x01(\v2\x1c.leasehold.node.v1.ShellExitR\tshellExit\"o\n" +
 	"\x0eTunnelResponse\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x10\n" +
 	"\x03eof\x18\x02 \x01(\bR\x03eof\x127\n" +
@@ -2221,6 +2232,7 @@ var file_leasehold_node_v1_node_proto_goTypes = []any{
 	(*structpb.Struct)(nil),       // 29: google.protobuf.Struct
 	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
 	(*TerminalSize)(nil),          // 31: leasehold.node.v1.TerminalSize
+	(*ShellExit)(nil),             // 32: leasehold.node.v1.ShellExit
 }
 var file_leasehold_node_v1_node_proto_depIdxs = []int32{
 	5,  // 0: leasehold.node.v1.ConnectRequest.hello:type_name -> leasehold.node.v1.Hello
@@ -2262,16 +2274,17 @@ var file_leasehold_node_v1_node_proto_depIdxs = []int32{
 	2,  // 36: leasehold.node.v1.CancelAck.outcome:type_name -> leasehold.node.v1.CancelOutcome
 	31, // 37: leasehold.node.v1.OpenTunnel.terminal_size:type_name -> leasehold.node.v1.TerminalSize
 	22, // 38: leasehold.node.v1.TunnelRequest.attach:type_name -> leasehold.node.v1.TunnelAttach
-	31, // 39: leasehold.node.v1.TunnelResponse.resize:type_name -> leasehold.node.v1.TerminalSize
-	3,  // 40: leasehold.node.v1.NodeGatewayService.Connect:input_type -> leasehold.node.v1.ConnectRequest
-	23, // 41: leasehold.node.v1.NodeGatewayService.Tunnel:input_type -> leasehold.node.v1.TunnelRequest
-	4,  // 42: leasehold.node.v1.NodeGatewayService.Connect:output_type -> leasehold.node.v1.ConnectResponse
-	24, // 43: leasehold.node.v1.NodeGatewayService.Tunnel:output_type -> leasehold.node.v1.TunnelResponse
-	42, // [42:44] is the sub-list for method output_type
-	40, // [40:42] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	32, // 39: leasehold.node.v1.TunnelRequest.shell_exit:type_name -> leasehold.node.v1.ShellExit
+	31, // 40: leasehold.node.v1.TunnelResponse.resize:type_name -> leasehold.node.v1.TerminalSize
+	3,  // 41: leasehold.node.v1.NodeGatewayService.Connect:input_type -> leasehold.node.v1.ConnectRequest
+	23, // 42: leasehold.node.v1.NodeGatewayService.Tunnel:input_type -> leasehold.node.v1.TunnelRequest
+	4,  // 43: leasehold.node.v1.NodeGatewayService.Connect:output_type -> leasehold.node.v1.ConnectResponse
+	24, // 44: leasehold.node.v1.NodeGatewayService.Tunnel:output_type -> leasehold.node.v1.TunnelResponse
+	43, // [43:45] is the sub-list for method output_type
+	41, // [41:43] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_node_v1_node_proto_init() }

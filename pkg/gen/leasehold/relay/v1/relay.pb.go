@@ -184,7 +184,9 @@ type RelayTunnelResponse struct {
 	// data is bytes from the target.
 	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
 	// eof says the target will send nothing more.
-	Eof           bool `protobuf:"varint,3,opt,name=eof,proto3" json:"eof,omitempty"`
+	Eof bool `protobuf:"varint,3,opt,name=eof,proto3" json:"eof,omitempty"`
+	// shell_exit says how a shell ended (from the node).
+	ShellExit     *v11.ShellExit `protobuf:"bytes,4,opt,name=shell_exit,json=shellExit,proto3" json:"shell_exit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -240,6 +242,13 @@ func (x *RelayTunnelResponse) GetEof() bool {
 	return false
 }
 
+func (x *RelayTunnelResponse) GetShellExit() *v11.ShellExit {
+	if x != nil {
+		return x.ShellExit
+	}
+	return nil
+}
+
 var File_leasehold_relay_v1_relay_proto protoreflect.FileDescriptor
 
 const file_leasehold_relay_v1_relay_proto_rawDesc = "" +
@@ -254,11 +263,13 @@ const file_leasehold_relay_v1_relay_proto_rawDesc = "" +
 	"\x12RelayTunnelRequest\x121\n" +
 	"\x04open\x18\x01 \x01(\v2\x1d.leasehold.relay.v1.RelayOpenR\x04open\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x127\n" +
-	"\x06resize\x18\x03 \x01(\v2\x1f.leasehold.node.v1.TerminalSizeR\x06resize\"w\n" +
+	"\x06resize\x18\x03 \x01(\v2\x1f.leasehold.node.v1.TerminalSizeR\x06resize\"\xb4\x01\n" +
 	"\x13RelayTunnelResponse\x12:\n" +
 	"\x06opened\x18\x01 \x01(\v2\".leasehold.control.v1.TunnelOpenedR\x06opened\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x10\n" +
-	"\x03eof\x18\x03 \x01(\bR\x03eof2y\n" +
+	"\x03eof\x18\x03 \x01(\bR\x03eof\x12;\n" +
+	"\n" +
+	"shell_exit\x18\x04 \x01(\v2\x1c.leasehold.node.v1.ShellExitR\tshellExit2y\n" +
 	"\x13GatewayRelayService\x12b\n" +
 	"\vRelayTunnel\x12&.leasehold.relay.v1.RelayTunnelRequest\x1a'.leasehold.relay.v1.RelayTunnelResponse(\x010\x01B\xd1\x01\n" +
 	"\x16com.leasehold.relay.v1B\n" +
@@ -284,6 +295,7 @@ var file_leasehold_relay_v1_relay_proto_goTypes = []any{
 	(*v1.TunnelTarget)(nil),     // 3: leasehold.control.v1.TunnelTarget
 	(*v11.TerminalSize)(nil),    // 4: leasehold.node.v1.TerminalSize
 	(*v1.TunnelOpened)(nil),     // 5: leasehold.control.v1.TunnelOpened
+	(*v11.ShellExit)(nil),       // 6: leasehold.node.v1.ShellExit
 }
 var file_leasehold_relay_v1_relay_proto_depIdxs = []int32{
 	3, // 0: leasehold.relay.v1.RelayOpen.target:type_name -> leasehold.control.v1.TunnelTarget
@@ -291,13 +303,14 @@ var file_leasehold_relay_v1_relay_proto_depIdxs = []int32{
 	0, // 2: leasehold.relay.v1.RelayTunnelRequest.open:type_name -> leasehold.relay.v1.RelayOpen
 	4, // 3: leasehold.relay.v1.RelayTunnelRequest.resize:type_name -> leasehold.node.v1.TerminalSize
 	5, // 4: leasehold.relay.v1.RelayTunnelResponse.opened:type_name -> leasehold.control.v1.TunnelOpened
-	1, // 5: leasehold.relay.v1.GatewayRelayService.RelayTunnel:input_type -> leasehold.relay.v1.RelayTunnelRequest
-	2, // 6: leasehold.relay.v1.GatewayRelayService.RelayTunnel:output_type -> leasehold.relay.v1.RelayTunnelResponse
-	6, // [6:7] is the sub-list for method output_type
-	5, // [5:6] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	6, // 5: leasehold.relay.v1.RelayTunnelResponse.shell_exit:type_name -> leasehold.node.v1.ShellExit
+	1, // 6: leasehold.relay.v1.GatewayRelayService.RelayTunnel:input_type -> leasehold.relay.v1.RelayTunnelRequest
+	2, // 7: leasehold.relay.v1.GatewayRelayService.RelayTunnel:output_type -> leasehold.relay.v1.RelayTunnelResponse
+	7, // [7:8] is the sub-list for method output_type
+	6, // [6:7] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_relay_v1_relay_proto_init() }

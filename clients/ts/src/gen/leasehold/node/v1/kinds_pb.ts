@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file leasehold/node/v1/kinds.proto.
  */
 export const file_leasehold_node_v1_kinds: GenFile = /*@__PURE__*/
-  fileDesc("Ch1sZWFzZWhvbGQvbm9kZS92MS9raW5kcy5wcm90bxIRbGVhc2Vob2xkLm5vZGUudjEi4gEKC0V4ZWNQYXlsb2FkEgwKBGFyZ3YYASADKAkSNAoDZW52GAIgAygLMicubGVhc2Vob2xkLm5vZGUudjEuRXhlY1BheWxvYWQuRW52RW50cnkSCwoDZGlyGAMgASgJEgwKBHVzZXIYBCABKAkSDQoFZ3JvdXAYBSABKAkSDQoFc3RkaW4YBiABKAwSKgoHdGltZW91dBgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhoqCghFbnZFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIvwBCg1TY3JpcHRQYXlsb2FkEhMKC2ludGVycHJldGVyGAEgASgJEg4KBnNjcmlwdBgCIAEoCRIMCgRhcmdzGAMgAygJEjYKA2VudhgEIAMoCzIpLmxlYXNlaG9sZC5ub2RlLnYxLlNjcmlwdFBheWxvYWQuRW52RW50cnkSCwoDZGlyGAUgASgJEgwKBHVzZXIYBiABKAkSDQoFZ3JvdXAYByABKAkSKgoHdGltZW91dBgIIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhoqCghFbnZFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIn4KDkZpbGVQdXRQYXlsb2FkEgwKBHBhdGgYASABKAkSDwoHY29udGVudBgCIAEoDBIMCgRtb2RlGAMgASgNEg0KBW93bmVyGAQgASgJEg0KBWdyb3VwGAUgASgJEg4KBnNoYTI1NhgGIAEoCRIRCgltYWtlX2RpcnMYByABKAgiHgoORmlsZUdldFBheWxvYWQSDAoEcGF0aBgBIAEoCSIOCgxGYWN0c1BheWxvYWQiSQoNUmVib290UGF5bG9hZBIoCgVkZWxheRgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIOCgZyZWFzb24YAiABKAkiKgoMVGVybWluYWxTaXplEgwKBHJvd3MYASABKA0SDAoEY29scxgCIAEoDWIGcHJvdG8z", [file_google_protobuf_duration]);
+  fileDesc("Ch1sZWFzZWhvbGQvbm9kZS92MS9raW5kcy5wcm90bxIRbGVhc2Vob2xkLm5vZGUudjEi4gEKC0V4ZWNQYXlsb2FkEgwKBGFyZ3YYASADKAkSNAoDZW52GAIgAygLMicubGVhc2Vob2xkLm5vZGUudjEuRXhlY1BheWxvYWQuRW52RW50cnkSCwoDZGlyGAMgASgJEgwKBHVzZXIYBCABKAkSDQoFZ3JvdXAYBSABKAkSDQoFc3RkaW4YBiABKAwSKgoHdGltZW91dBgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhoqCghFbnZFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIvwBCg1TY3JpcHRQYXlsb2FkEhMKC2ludGVycHJldGVyGAEgASgJEg4KBnNjcmlwdBgCIAEoCRIMCgRhcmdzGAMgAygJEjYKA2VudhgEIAMoCzIpLmxlYXNlaG9sZC5ub2RlLnYxLlNjcmlwdFBheWxvYWQuRW52RW50cnkSCwoDZGlyGAUgASgJEgwKBHVzZXIYBiABKAkSDQoFZ3JvdXAYByABKAkSKgoHdGltZW91dBgIIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhoqCghFbnZFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIn4KDkZpbGVQdXRQYXlsb2FkEgwKBHBhdGgYASABKAkSDwoHY29udGVudBgCIAEoDBIMCgRtb2RlGAMgASgNEg0KBW93bmVyGAQgASgJEg0KBWdyb3VwGAUgASgJEg4KBnNoYTI1NhgGIAEoCRIRCgltYWtlX2RpcnMYByABKAgiHgoORmlsZUdldFBheWxvYWQSDAoEcGF0aBgBIAEoCSIOCgxGYWN0c1BheWxvYWQiSQoNUmVib290UGF5bG9hZBIoCgVkZWxheRgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIOCgZyZWFzb24YAiABKAkiKgoMVGVybWluYWxTaXplEgwKBHJvd3MYASABKA0SDAoEY29scxgCIAEoDSIuCglTaGVsbEV4aXQSEQoJZXhpdF9jb2RlGAEgASgFEg4KBnNpZ25hbBgCIAEoCWIGcHJvdG8z", [file_google_protobuf_duration]);
 
 /**
  * ExecPayload runs a program directly, without a shell.
@@ -323,4 +323,34 @@ export type TerminalSize = Message<"leasehold.node.v1.TerminalSize"> & {
  */
 export const TerminalSizeSchema: GenMessage<TerminalSize> = /*@__PURE__*/
   messageDesc(file_leasehold_node_v1_kinds, 6);
+
+/**
+ * ShellExit is how a tunnel's shell ended, sent once before the node's side
+ * half-closes.
+ *
+ * @generated from message leasehold.node.v1.ShellExit
+ */
+export type ShellExit = Message<"leasehold.node.v1.ShellExit"> & {
+  /**
+   * exit_code is the shell's exit status; -1 when a signal ended it.
+   *
+   * @generated from field: int32 exit_code = 1;
+   */
+  exitCode: number;
+
+  /**
+   * signal names the signal that ended it (for example "SIGKILL"); empty
+   * when it exited.
+   *
+   * @generated from field: string signal = 2;
+   */
+  signal: string;
+};
+
+/**
+ * Describes the message leasehold.node.v1.ShellExit.
+ * Use `create(ShellExitSchema)` to create a new message.
+ */
+export const ShellExitSchema: GenMessage<ShellExit> = /*@__PURE__*/
+  messageDesc(file_leasehold_node_v1_kinds, 7);
 

@@ -13,7 +13,7 @@ import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegen
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { TunnelOpened, TunnelTarget } from "../../control/v1/control_pb.js";
 import { file_leasehold_control_v1_control } from "../../control/v1/control_pb.js";
-import type { TerminalSize } from "../../node/v1/kinds_pb.js";
+import type { ShellExit, TerminalSize } from "../../node/v1/kinds_pb.js";
 import { file_leasehold_node_v1_kinds } from "../../node/v1/kinds_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -21,7 +21,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file leasehold/relay/v1/relay.proto.
  */
 export const file_leasehold_relay_v1_relay: GenFile = /*@__PURE__*/
-  fileDesc("Ch5sZWFzZWhvbGQvcmVsYXkvdjEvcmVsYXkucHJvdG8SEmxlYXNlaG9sZC5yZWxheS52MSKlAQoJUmVsYXlPcGVuEg8KB25vZGVfaWQYASABKAkSMgoGdGFyZ2V0GAIgASgLMiIubGVhc2Vob2xkLmNvbnRyb2wudjEuVHVubmVsVGFyZ2V0Eg0KBWFjdG9yGAMgASgJEjYKDXRlcm1pbmFsX3NpemUYBCABKAsyHy5sZWFzZWhvbGQubm9kZS52MS5UZXJtaW5hbFNpemUSDAoEdGVybRgFIAEoCSKAAQoSUmVsYXlUdW5uZWxSZXF1ZXN0EisKBG9wZW4YASABKAsyHS5sZWFzZWhvbGQucmVsYXkudjEuUmVsYXlPcGVuEgwKBGRhdGEYAiABKAwSLwoGcmVzaXplGAMgASgLMh8ubGVhc2Vob2xkLm5vZGUudjEuVGVybWluYWxTaXplImQKE1JlbGF5VHVubmVsUmVzcG9uc2USMgoGb3BlbmVkGAEgASgLMiIubGVhc2Vob2xkLmNvbnRyb2wudjEuVHVubmVsT3BlbmVkEgwKBGRhdGEYAiABKAwSCwoDZW9mGAMgASgIMnkKE0dhdGV3YXlSZWxheVNlcnZpY2USYgoLUmVsYXlUdW5uZWwSJi5sZWFzZWhvbGQucmVsYXkudjEuUmVsYXlUdW5uZWxSZXF1ZXN0GicubGVhc2Vob2xkLnJlbGF5LnYxLlJlbGF5VHVubmVsUmVzcG9uc2UoATABYgZwcm90bzM", [file_leasehold_control_v1_control, file_leasehold_node_v1_kinds]);
+  fileDesc("Ch5sZWFzZWhvbGQvcmVsYXkvdjEvcmVsYXkucHJvdG8SEmxlYXNlaG9sZC5yZWxheS52MSKlAQoJUmVsYXlPcGVuEg8KB25vZGVfaWQYASABKAkSMgoGdGFyZ2V0GAIgASgLMiIubGVhc2Vob2xkLmNvbnRyb2wudjEuVHVubmVsVGFyZ2V0Eg0KBWFjdG9yGAMgASgJEjYKDXRlcm1pbmFsX3NpemUYBCABKAsyHy5sZWFzZWhvbGQubm9kZS52MS5UZXJtaW5hbFNpemUSDAoEdGVybRgFIAEoCSKAAQoSUmVsYXlUdW5uZWxSZXF1ZXN0EisKBG9wZW4YASABKAsyHS5sZWFzZWhvbGQucmVsYXkudjEuUmVsYXlPcGVuEgwKBGRhdGEYAiABKAwSLwoGcmVzaXplGAMgASgLMh8ubGVhc2Vob2xkLm5vZGUudjEuVGVybWluYWxTaXplIpYBChNSZWxheVR1bm5lbFJlc3BvbnNlEjIKBm9wZW5lZBgBIAEoCzIiLmxlYXNlaG9sZC5jb250cm9sLnYxLlR1bm5lbE9wZW5lZBIMCgRkYXRhGAIgASgMEgsKA2VvZhgDIAEoCBIwCgpzaGVsbF9leGl0GAQgASgLMhwubGVhc2Vob2xkLm5vZGUudjEuU2hlbGxFeGl0MnkKE0dhdGV3YXlSZWxheVNlcnZpY2USYgoLUmVsYXlUdW5uZWwSJi5sZWFzZWhvbGQucmVsYXkudjEuUmVsYXlUdW5uZWxSZXF1ZXN0GicubGVhc2Vob2xkLnJlbGF5LnYxLlJlbGF5VHVubmVsUmVzcG9uc2UoATABYgZwcm90bzM", [file_leasehold_control_v1_control, file_leasehold_node_v1_kinds]);
 
 /**
  * RelayOpen is the first request of RelayTunnel.
@@ -133,6 +133,13 @@ export type RelayTunnelResponse = Message<"leasehold.relay.v1.RelayTunnelRespons
    * @generated from field: bool eof = 3;
    */
   eof: boolean;
+
+  /**
+   * shell_exit says how a shell ended (from the node).
+   *
+   * @generated from field: leasehold.node.v1.ShellExit shell_exit = 4;
+   */
+  shellExit?: ShellExit;
 };
 
 /**
