@@ -116,14 +116,16 @@ ON CONFLICT (id) DO NOTHING`, n.ID, kind, site); err != nil {
 	return cred, nil
 }
 
-// Revoke revokes every live credential of the node and marks it revoked.
+// Revoke revokes every live credential of the node at once, those still in
+// a rotation's grace period (revoked_at in the future) included, and marks
+// the node revoked.
 func Revoke(ctx context.Context, db Beginner, nodeID string) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("revoke node %s: %w", nodeID, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, `UPDATE node_credentials SET revoked_at = compute_now() WHERE node_id = $1 AND revoked_at IS NULL`, nodeID); err != nil {
+	if _, err := tx.Exec(ctx, RevokeLiveSQL, nodeID); err != nil {
 		return fmt.Errorf("revoke node %s: %w", nodeID, err)
 	}
 	if _, err := tx.Exec(ctx, `UPDATE nodes SET state = 'revoked', updated_at = compute_now() WHERE id = $1`, nodeID); err != nil {
@@ -142,13 +144,32 @@ type Identity struct {
 	SiteID string
 }
 
+// A credential is live while revoked_at IS NULL OR revoked_at >
+// compute_now(): RotateCredential revokes the old credential in the future,
+// so it keeps working for a grace period. The statements spell that
+// predicate as coalesce(revoked_at, 'infinity') > (SELECT compute_now()), a
+// range of the index node_credentials_unexpired_idx (migration 00026) after
+// node_id: Verify, on every Hello, reads only the node's live credentials
+// however many it has rotated through. (SELECT compute_now()) is evaluated
+// once per statement, which lets the comparison be an index condition.
 const liveHashesSQL = `
 SELECT n.kind, coalesce(n.site_id, ''), c.credential_hash
   FROM nodes n JOIN node_credentials c ON c.node_id = n.id
- WHERE n.id = $1 AND n.state <> 'revoked' AND c.revoked_at IS NULL`
+ WHERE n.id = $1 AND n.state <> 'revoked'
+   AND coalesce(c.revoked_at, 'infinity'::timestamptz) > (SELECT compute_now())`
 
-// Verify authenticates nodeID with credential. It only reads. Any refusal is
-// ErrUnauthenticated, whatever the reason; other errors are database errors.
+// RevokeLiveSQL revokes every live credential of node $1 now, including
+// those a rotation left live until a future revoked_at. Callers run it in
+// the transaction that marks the node revoked.
+const RevokeLiveSQL = `
+UPDATE node_credentials SET revoked_at = compute_now()
+ WHERE node_id = $1 AND coalesce(revoked_at, 'infinity'::timestamptz) > (SELECT compute_now())`
+
+// Verify authenticates nodeID with credential: it succeeds only when the
+// node is not revoked and the credential is one of its live credentials (not
+// revoked, or revoked at a time still in the future by the database clock,
+// a rotation's grace). It only reads. Any refusal is ErrUnauthenticated,
+// whatever the reason; other errors are database errors.
 func Verify(ctx context.Context, db RowsQuerier, nodeID, credential string) (Identity, error) {
 	if ValidateNodeID(nodeID) != nil || len(credential) == 0 || len(credential) > MaxCredentialLen ||
 		!strings.HasPrefix(credential, Prefix) {
