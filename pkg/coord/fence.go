@@ -49,7 +49,12 @@ SELECT 1 FROM leases
 // ended). docs/decisions.md has why both indexes are needed.
 func Fence(ctx context.Context, tx pgx.Tx, l Lease) error {
 	var one int
-	err := tx.QueryRow(ctx, fenceSQL, l.Name, l.Owner, l.Epoch).Scan(&one)
+	return fenceOutcome(l, tx.QueryRow(ctx, fenceSQL, l.Name, l.Owner, l.Epoch).Scan(&one))
+}
+
+// fenceOutcome turns the fence query's error into Fence's: no row is a lost
+// lease, anything else a failed fence.
+func fenceOutcome(l Lease, err error) error {
 	if errors.Is(err, pgx.ErrNoRows) {
 		return &LeaseLostError{Name: l.Name, Epoch: l.Epoch}
 	}
@@ -76,8 +81,10 @@ type FenceOptions struct {
 // RunFenced runs fn in a transaction on db that starts with Fence(l) and
 // commits only if fn returns nil. The transaction gets a statement timeout
 // and is cancelled when the lease's validity (l.ValidUntil) runs out, so it
-// cannot outlive the process's trust in the lease. Inside fn, nested work
-// uses pgdb.InTx(ctx, tx, …), which opens a savepoint of this transaction.
+// cannot outlive the process's trust in the lease; and it does not commit
+// when that validity has run out by the time fn returns (see
+// checkStillValid). Inside fn, nested work uses pgdb.InTx(ctx, tx, …), which
+// opens a savepoint of this transaction.
 func RunFenced(ctx context.Context, db pgdb.Beginner, l Lease, opts FenceOptions, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	timeout := opts.StatementTimeout
 	if timeout <= 0 {
@@ -95,6 +102,7 @@ func RunFenced(ctx context.Context, db pgdb.Beginner, l Lease, opts FenceOptions
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, remaining)
 		defer cancel()
+		fn = checkStillValid(l, now, fn)
 	}
 	ms := fmt.Sprintf("%dms", timeout.Milliseconds())
 	if tb, ok := db.(txBeginner); ok {
@@ -126,14 +134,36 @@ func RunFenced(ctx context.Context, db pgdb.Beginner, l Lease, opts FenceOptions
 		if cerr := br.Close(); err == nil && cerr != nil {
 			err = cerr
 		}
-		if errors.Is(err, pgx.ErrNoRows) {
-			return &LeaseLostError{Name: l.Name, Epoch: l.Epoch}
-		}
-		if err != nil {
-			return fmt.Errorf("fence on %s@%d: %w", l.Name, l.Epoch, err)
+		if err := fenceOutcome(l, err); err != nil {
+			return err
 		}
 		return fn(ctx, tx)
 	})
+}
+
+// checkStillValid wraps fn so that the transaction is rolled back, with a
+// *LeaseLostError, when the lease's validity has run out on the process
+// clock by the time fn returns. l.ValidUntil is set.
+//
+// The context's deadline at ValidUntil alone does not guarantee it: a
+// process stopped (SIGSTOP, a VM pause) between the fence and its writes
+// wakes with that deadline passed, and its goroutine may send the writes
+// and COMMIT before the timer that cancels the context has run. The lease
+// row's FOR KEY SHARE lock keeps every other holder out for the whole
+// transaction, but the lease has expired meanwhile, and work that relies on
+// it (a gateway's node sessions) may have moved on. Checked here, after
+// the writes and right before COMMIT, a pause before the check rolls back,
+// and a pause after it delays only the COMMIT of writes made in time.
+func checkStillValid(l Lease, now func() time.Time, fn func(ctx context.Context, tx pgx.Tx) error) func(ctx context.Context, tx pgx.Tx) error {
+	return func(ctx context.Context, tx pgx.Tx) error {
+		if err := fn(ctx, tx); err != nil {
+			return err
+		}
+		if !now().Before(l.ValidUntil) {
+			return &LeaseLostError{Name: l.Name, Epoch: l.Epoch}
+		}
+		return nil
+	}
 }
 
 // txBeginner begins a transaction with options: a *pgxpool.Pool or a
