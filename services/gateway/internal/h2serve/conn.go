@@ -67,7 +67,11 @@ type conn struct {
 	unackedConn int32 // consumed bytes not yet returned by WINDOW_UPDATE
 	peerInit    int32 // peer's SETTINGS_INITIAL_WINDOW_SIZE
 	flowCh      chan struct{}
-	goAwaySent  bool
+	goAwaySent  bool // new streams are refused: a GOAWAY is on its way
+	// goAwayOut: our GOAWAY is written, so an idle connection may close.
+	// Until then a stream finishing must not close it (the peer would
+	// read EOF where it should read GOAWAY and its code).
+	goAwayOut   bool
 	settingsOut bool // our SETTINGS are written: GOAWAY may follow
 	peerGoAway  bool
 	closing     bool
@@ -268,9 +272,14 @@ func (c *conn) startGoAway() {
 		return
 	}
 	last := c.maxSeen
-	idle := c.handlers == 0
 	c.mu.Unlock()
-	_ = c.writeFrames(func(fr *http2.Framer) error { return fr.WriteGoAway(last, http2.ErrCodeNo, nil) })
+	if c.writeFrames(func(fr *http2.Framer) error { return fr.WriteGoAway(last, http2.ErrCodeNo, nil) }) != nil {
+		return // the write closed the connection
+	}
+	c.mu.Lock()
+	c.goAwayOut = true
+	idle := c.handlers == 0 // handlers that ended meanwhile left it to us
+	c.mu.Unlock()
 	if idle {
 		c.closeGraceful()
 	}

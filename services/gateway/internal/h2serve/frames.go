@@ -52,6 +52,9 @@ func (c *conn) serveFrames() {
 	if string(preface[:]) != http2.ClientPreface {
 		err = errors.New("h2serve: bad client preface (HTTP/1 is not served)")
 		s.Logger.Debug("h2serve: preface", "remote", c.remoteAddr, "err", err)
+		// Closing with the client's bytes unread would reset the
+		// connection; it must end (RFC 9113 section 3.4).
+		c.linger()
 		return
 	}
 	// Until the peer acknowledges our SETTINGS it may use the default
@@ -416,7 +419,7 @@ func (c *conn) unreserve(id uint32) {
 	if idle {
 		c.idleSince = time.Now()
 	}
-	closeNow := idle && (c.goAwaySent || c.peerGoAway)
+	closeNow := idle && (c.goAwayOut || c.peerGoAway)
 	c.mu.Unlock()
 	if closeNow {
 		c.closeGraceful()
@@ -519,7 +522,7 @@ func (c *conn) streamDone(s *stream) {
 	if idle {
 		c.idleSince = time.Now()
 	}
-	closeNow := idle && (c.goAwaySent || c.peerGoAway)
+	closeNow := idle && (c.goAwayOut || c.peerGoAway)
 	c.broadcastLocked()
 	c.mu.Unlock()
 	if rst {

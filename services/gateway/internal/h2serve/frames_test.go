@@ -51,6 +51,11 @@ func TestMalformedRequestIsStreamError(t *testing.T) {
 	require.Equal(t, uint32(5), hf.Header().StreamID)
 }
 
+// TestBadPrefaceClosed: a client that does not speak HTTP/2 (here
+// HTTP/1.1, longer than the 24-byte preface) is served nothing and sees the
+// connection end cleanly (EOF), not reset: closing with its unread bytes
+// would send a TCP reset, which RFC 9113 section 3.4's "terminate the
+// connection" (h2spec http2/3.5/2) does not allow.
 func TestBadPrefaceClosed(t *testing.T) {
 	addr := startServer(t, &Server{Handler: newTestService().mux()})
 	nc, err := net.Dial("tcp", addr)
@@ -59,7 +64,8 @@ func TestBadPrefaceClosed(t *testing.T) {
 	_, err = io.WriteString(nc, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 	require.NoError(t, err)
 	_ = nc.SetReadDeadline(time.Now().Add(5 * time.Second))
-	b, _ := io.ReadAll(nc) // closed (EOF or reset), nothing served
+	b, err := io.ReadAll(nc)
+	require.NoError(t, err, "the connection must end with EOF, not a reset")
 	require.Empty(t, b)
 }
 
