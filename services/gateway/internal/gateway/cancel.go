@@ -13,13 +13,14 @@ import (
 // Cancellation (docs/gateway.md, "Cancellation"): the api's CancelCommand
 // of a dispatched or acknowledged command marks it cancelled and sets
 // cancel_requested_at, then wakes the node's gateway the way a new command
-// does. sendCancels, run after each dispatch round, takes the node's
-// unconfirmed cancels not yet sent at its current session epoch, in a
-// transaction fenced on the gateway lease, records the epoch
-// (cancel_sent_epoch) and queues a CancelCommand for each. A Hello wakes
-// dispatch for its node, so a node that was offline gets its cancels right
-// after Welcome (and the replays); a cancel lost with a session is sent
-// again at the next epoch. The node's CancelAck goes through the group
+// does. The wake-up's first dispatch call, in its transaction fenced on
+// the gateway lease and right after the commands, takes the woken nodes'
+// unconfirmed cancels not yet sent at their current session epochs,
+// records the epoch (cancel_sent_epoch) and queues a CancelCommand for
+// each (sendCancels does it alone when the wake-up made no dispatch
+// call). A Hello wakes dispatch for its node, so a node that was offline
+// gets its cancels right after Welcome (and the replays); a cancel lost
+// with a session is sent again at the next epoch. The node's CancelAck goes through the group
 // commit and sets cancel_confirmed_at and cancel_outcome.
 
 // cancelOutcomes maps CancelAck outcomes to commands.cancel_outcome.
@@ -41,40 +42,43 @@ UPDATE commands c SET cancel_sent_epoch = s.session_epoch
    AND c.cancel_sent_epoch IS DISTINCT FROM s.session_epoch
 RETURNING c.id, c.node_id, s.session_epoch`
 
-func (g *Gateway) sendCancels(ctx context.Context, all bool, nodes map[string]struct{}) error {
-	var (
-		ids    []string
-		epochs []int64
-	)
-	g.mu.Lock()
-	for id, s := range g.sessions {
-		if _, ok := nodes[id]; ok || all {
-			ids, epochs = append(ids, id), append(epochs, s.epoch)
-		}
-	}
-	g.mu.Unlock()
-	if len(ids) == 0 {
-		return nil
-	}
-	type cancel struct {
-		id, node string
-		epoch    int64
-	}
-	var taken []cancel
+// takenCancel is a cancel takeCancelsSQL marked sent at a session's epoch.
+type takenCancel struct {
+	id, node string
+	epoch    int64
+}
+
+func scanCancels(rows pgx.Rows) ([]takenCancel, error) {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (takenCancel, error) {
+		var c takenCancel
+		return c, r.Scan(&c.id, &c.node, &c.epoch)
+	})
+}
+
+// sendCancels takes the cancels of the given sessions in a fenced
+// transaction of its own and sends them. A wake-up's first dispatch call
+// takes them in its own transaction instead (dispatchOnce); this runs only
+// when a wake-up made no dispatch call (every window full, say), since a
+// cancel is what frees a slot of a node that stops its command.
+func (g *Gateway) sendCancels(ctx context.Context, ids []string, epochs []int64) error {
+	var taken []takenCancel
 	err := g.runFenced(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, takeCancelsSQL, g.id, ids, epochs)
 		if err != nil {
 			return err
 		}
-		taken, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (cancel, error) {
-			var c cancel
-			return c, r.Scan(&c.id, &c.node, &c.epoch)
-		})
+		taken, err = scanCancels(rows)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("take cancels: %w", err)
 	}
+	g.deliverCancels(taken)
+	return nil
+}
+
+// deliverCancels queues a CancelCommand on each taken cancel's session.
+func (g *Gateway) deliverCancels(taken []takenCancel) {
 	for _, c := range taken {
 		g.mu.Lock()
 		s := g.sessions[c.node]
@@ -88,7 +92,6 @@ func (g *Gateway) sendCancels(ctx context.Context, all bool, nodes map[string]st
 		// sends the cancel again.
 		g.log.Debug("cancel has no open stream; it is sent after the next Hello", "node", c.node, "command", c.id)
 	}
-	return nil
 }
 
 func (g *Gateway) handleCancelAck(s *session, a *nodev1.CancelAck) *connect.Error {

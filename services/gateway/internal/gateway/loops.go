@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -99,14 +98,15 @@ func (g *Gateway) wakeDispatch(nodeID string) { g.dispatchWaker.wake(nodeID) }
 // dispatchLoop dispatches pending commands of this gateway's sessions when
 // woken (NOTIFY, a new session) and at every poll.
 func (g *Gateway) dispatchLoop(ctx context.Context) {
-	g.runWoken(ctx, g.dispatchWaker, g.cfg.DispatchPoll, "dispatch", func(ctx context.Context, all bool, nodes map[string]struct{}) error {
-		// Cancels ride the same wake-ups (the api's CancelCommand wakes
-		// the node's gateway as a new command does; a Hello wakes its own
-		// node), after this round's commands.
-		return errors.Join(g.dispatchFor(ctx, all, nodes), g.sendCancels(ctx, all, nodes))
-	})
+	g.runWoken(ctx, g.dispatchWaker, g.cfg.DispatchPoll, "dispatch", g.dispatchFor)
 }
 
+// dispatchFor dispatches the pending commands of the woken sessions (all,
+// or those of nodes), in rounds of at most DispatchBatch sessions. Cancels
+// ride the same wake-ups (the api's CancelCommand wakes the node's gateway
+// as a new command does; a Hello wakes its own node): the first round takes
+// them in its fenced transaction, after its commands, so a wake-up costs one
+// fenced transaction, not two.
 func (g *Gateway) dispatchFor(ctx context.Context, all bool, nodes map[string]struct{}) error {
 	var targets []*session
 	g.mu.Lock()
@@ -122,6 +122,11 @@ func (g *Gateway) dispatchFor(ctx context.Context, all bool, nodes map[string]st
 		}
 	}
 	g.mu.Unlock()
+	cancelIDs := make([]string, len(targets))
+	cancelEpochs := make([]int64, len(targets))
+	for i, s := range targets {
+		cancelIDs[i], cancelEpochs[i] = s.nodeID, s.epoch
+	}
 	for len(targets) > 0 {
 		round, later, share := nextRound(targets, g.cfg.DispatchBatch)
 		ids := make([]string, 0, len(round))
@@ -144,10 +149,11 @@ func (g *Gateway) dispatchFor(ctx context.Context, all bool, nodes map[string]st
 			targets = later
 			continue
 		}
-		got, n, err := g.dispatchOnce(ctx, ids, epochs, lims)
+		got, n, err := g.dispatchOnce(ctx, ids, epochs, lims, cancelIDs, cancelEpochs)
 		if err != nil {
 			return err
 		}
+		cancelIDs, cancelEpochs = nil, nil // taken
 		targets = later
 		for i, s := range asked {
 			// A full batch: everyone asked may have more. Otherwise only
@@ -156,6 +162,9 @@ func (g *Gateway) dispatchFor(ctx context.Context, all bool, nodes map[string]st
 				targets = append(targets, s)
 			}
 		}
+	}
+	if len(cancelIDs) > 0 {
+		return g.sendCancels(ctx, cancelIDs, cancelEpochs)
 	}
 	return nil
 }
@@ -184,34 +193,39 @@ type dispatched struct {
 
 // dispatchOnce takes up to DispatchBatch pending commands, at most lims[i]
 // of node ids[i], in a transaction fenced on the gateway lease, then sends
-// each to its session. It returns how many each node got, and the total.
-func (g *Gateway) dispatchOnce(ctx context.Context, ids []string, epochs []int64, lims []int32) (map[string]int, int, error) {
-	var out []dispatched
+// each to its session. With cancelIDs it also takes those sessions'
+// unsent cancels (takeCancelsSQL) in the same transaction and round trip,
+// and sends them after the commands. It returns how many commands each node
+// got, and the total.
+func (g *Gateway) dispatchOnce(ctx context.Context, ids []string, epochs []int64, lims []int32, cancelIDs []string, cancelEpochs []int64) (map[string]int, int, error) {
+	var (
+		out   []dispatched
+		taken []takenCancel
+	)
 	start := spanStart()
 	timer := prometheus.NewTimer(g.m.dispatchCall) // wall time: a latency metric
 	err := g.runFenced(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		out = out[:0]
-		rows, err := tx.Query(ctx, dispatchSQL, g.id, ids, epochs, lims, g.cfg.DispatchBatch)
-		if err != nil {
+		out, taken = out[:0], nil
+		b := &pgx.Batch{}
+		b.Queue(dispatchSQL, g.id, ids, epochs, lims, g.cfg.DispatchBatch)
+		if len(cancelIDs) > 0 {
+			b.Queue(takeCancelsSQL, g.id, cancelIDs, cancelEpochs)
+		}
+		br := tx.SendBatch(ctx, b)
+		defer br.Close()
+		if err := scanDispatched(br, &out); err != nil {
 			return err
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var (
-				d        dispatched
-				c        nodev1.Command
-				deadline *time.Time
-			)
-			if err := rows.Scan(&c.CommandId, &d.nodeID, &d.epoch, &c.Kind, &c.Payload, &deadline, &c.DispatchCount, &d.latency, &d.traceparent); err != nil {
+		if len(cancelIDs) > 0 {
+			rows, err := br.Query()
+			if err != nil {
 				return err
 			}
-			if deadline != nil {
-				c.Deadline = timestamppb.New(*deadline)
+			if taken, err = scanCancels(rows); err != nil {
+				return err
 			}
-			d.cmd = &c
-			out = append(out, d)
 		}
-		return rows.Err()
+		return br.Close()
 	})
 	if err != nil {
 		return nil, 0, err
@@ -236,7 +250,34 @@ func (g *Gateway) dispatchOnce(ctx context.Context, ids []string, epochs []int64
 		}
 		g.traceDispatch(ctx, d, start, sent)
 	}
+	g.deliverCancels(taken)
 	return got, len(out), nil
+}
+
+// scanDispatched reads dispatchSQL's rows, the batch's first result, into
+// out.
+func scanDispatched(br pgx.BatchResults, out *[]dispatched) error {
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			d        dispatched
+			c        nodev1.Command
+			deadline *time.Time
+		)
+		if err := rows.Scan(&c.CommandId, &d.nodeID, &d.epoch, &c.Kind, &c.Payload, &deadline, &c.DispatchCount, &d.latency, &d.traceparent); err != nil {
+			return err
+		}
+		if deadline != nil {
+			c.Deadline = timestamppb.New(*deadline)
+		}
+		d.cmd = &c
+		*out = append(*out, d)
+	}
+	return rows.Err()
 }
 
 // notifyLoop LISTENs for command wake-ups (coalesced by the creating

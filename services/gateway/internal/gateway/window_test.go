@@ -175,3 +175,23 @@ func TestNodeWindowIsValidated(t *testing.T) {
 	cfg.NodeWindow = maxQueued / 2
 	require.NoError(t, cfg.Validate())
 }
+
+// TestCancelReachesANodeWithAFullWindow: a cancel of a command of a node
+// whose window is full is still sent, though dispatch asks no database for
+// that node's commands (the cancel is what lets a node stop a command and
+// free its slot); the node's CancelAck brings the next command.
+func TestCancelReachesANodeWithAFullWindow(t *testing.T) {
+	t.Parallel()
+	c := newWindowCase(t, 1, 2)
+	g, db, want := c.g, c.db, c.ids
+	s := c.connect(t)
+	require.Equal(t, want[0], recvCommand(t, s))
+	awaitWindowFull(t, g, 0)
+
+	cancelInDB(t, db, want[0])
+	g.wakeDispatch("n-0") // what the api's CancelCommand does through NOTIFY
+	require.Equal(t, want[0], nextCancel(t, s))
+	require.NoError(t, s.stream.Send(&nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_CancelAck{CancelAck: &nodev1.CancelAck{
+		CommandId: want[0], Outcome: nodev1.CancelOutcome_CANCEL_OUTCOME_STOPPED}}}))
+	require.Equal(t, want[1], recvCommand(t, s), "the acknowledged cancel frees the slot")
+}
