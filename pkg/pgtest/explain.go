@@ -59,3 +59,20 @@ func Explain(t testing.TB, q interface {
 	walk(out[0].Plan)
 	return p
 }
+
+// ExplainWithout is Explain of sql as it ran before index existed: inside a
+// transaction that drops index and is rolled back, so the statement's plan
+// (and any write it makes) leaves nothing behind. Cost tests use it to show
+// that their bound tells the plan without the index apart.
+func ExplainWithout(t testing.TB, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, index, sql string, args ...any) Plan {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // only measured
+	_, err = tx.Exec(ctx, "DROP INDEX "+pgx.Identifier{index}.Sanitize())
+	require.NoError(t, err)
+	return Explain(t, tx, sql, args...)
+}

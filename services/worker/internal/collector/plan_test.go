@@ -58,7 +58,7 @@ SELECT 'plan-' || (i % 100), 'plan', CASE WHEN i <= $2 THEN 'dispatched' ELSE 'p
 	} {
 		pgtest.Explain(t, db.Pool, r.sql, r.args...) // warm the cache
 		now := pgtest.Explain(t, db.Pool, r.sql, r.args...)
-		old := explainBefore(t, db, r.old, r.args...)
+		old := pgtest.ExplainWithout(t, db.Pool, "commands_finished_idx", r.old, r.args...)
 		bound := int64(3*r.reads + 20)
 		t.Logf("%s: %d buffers (%.1f ms), bound %d; the full-scan read it replaced: %d buffers (%.1f ms)",
 			r.name, now.Blocks, now.ExecMs, bound, old.Blocks, old.ExecMs)
@@ -82,19 +82,6 @@ SELECT 'plan-' || (i % 100), 'plan', CASE WHEN i <= $2 THEN 'dispatched' ELSE 'p
 	require.NoError(t, err)
 	require.InDelta(t, pending, gaugeValue(t, c, "pending"), 0)
 	require.InDelta(t, inFlight, gaugeValue(t, c, "dispatched"), 0)
-}
-
-// explainBefore explains sql as it ran before migration 00025: in a
-// transaction that drops commands_finished_idx and is rolled back.
-func explainBefore(t *testing.T, db *pgtest.DB, sql string, args ...any) pgtest.Plan {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck // only measured
-	_, err = tx.Exec(ctx, `DROP INDEX commands_finished_idx`)
-	require.NoError(t, err)
-	return pgtest.Explain(t, tx, sql, args...)
 }
 
 func gaugeValue(t *testing.T, c *Collector, state string) float64 {
