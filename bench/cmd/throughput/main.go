@@ -53,7 +53,7 @@ type config struct {
 	backlogDrain                time.Duration
 	warmup, window, drain       time.Duration
 	producer, jsonPath, binDir  string
-	durable, river              bool
+	durable, river, ceiling     bool
 	nodesProcess                bool
 	gatewayArgs                 []string
 }
@@ -73,6 +73,10 @@ type measurement struct {
 	PGCPUms    float64 `json:"pg_cpu_ms_per_command"`
 	Statements float64 `json:"statements_per_command"`
 	Commits    float64 `json:"commits_per_command"`
+	// Rows inserted, updated and deleted in the database and WAL bytes
+	// written by the server, per command completed in the window.
+	RowWrites float64 `json:"row_writes_per_command"`
+	WALBytes  float64 `json:"wal_bytes_per_command"`
 	// leasehold, from the gateways' histograms over the window.
 	DispatchCallP50 float64 `json:"dispatch_call_p50_s,omitempty"`
 	DispatchCallP99 float64 `json:"dispatch_call_p99_s,omitempty"`
@@ -150,9 +154,11 @@ type result struct {
 	Window      float64        `json:"window_s"`
 	Results     []measurement  `json:"results"`
 	Backlog     *backlogResult `json:"backlog,omitempty"`
-	RiverBest   float64        `json:"river_best_completed_per_sec"`
-	Ratio       float64        `json:"ratio_leasehold_3gw_over_river_best"`
-	Ratio1      float64        `json:"ratio_leasehold_1gw_over_river_best"`
+	// Ceiling is the creators alone (-ceiling): completed counts inserts.
+	Ceiling   *measurement `json:"insert_ceiling,omitempty"`
+	RiverBest float64      `json:"river_best_completed_per_sec"`
+	Ratio     float64      `json:"ratio_leasehold_3gw_over_river_best"`
+	Ratio1    float64      `json:"ratio_leasehold_1gw_over_river_best"`
 }
 
 func logf(format string, args ...any) {
@@ -177,6 +183,7 @@ func main() {
 	flag.StringVar(&c.binDir, "bin", "", "use prebuilt leasehold-<service> binaries from this directory (default: build)")
 	flag.BoolVar(&c.durable, "durable", true, "local PostgreSQL with fsync and synchronous_commit on")
 	flag.BoolVar(&c.river, "river", true, "measure River too")
+	flag.BoolVar(&c.ceiling, "ceiling", true, "first measure the creators alone: unpaced single-row inserts into commands, nothing dispatching them (what this machine can insert at all)")
 	flag.BoolVar(&c.nodesProcess, "nodes-process", true, "run the simulated nodes in a nodesim process of their own, as River's worker has its own (false: in the bench process beside the creators)")
 	flag.Func("gateway-arg", "an extra gateway flag, e.g. --gateway.dispatch-batch=100 (repeatable)", func(v string) error {
 		c.gatewayArgs = append(c.gatewayArgs, v)
@@ -230,6 +237,13 @@ func run(ctx context.Context, c config, sup *harness.Supervisor, started func(*f
 	defer sup.Stop()
 	r := &result{Machine: harness.Host(), Database: srv.Desc, Date: time.Now().UTC().Format(time.RFC3339), Nodes: c.nodes,
 		Concurrency: c.concurrency, Rate: c.rate, GatewayArgs: c.gatewayArgs, NodesProc: c.nodesProcess, Producer: c.producer, Window: c.window.Seconds()}
+	if c.ceiling {
+		m, err := insertCeiling(ctx, c, srv)
+		if err != nil {
+			return nil, err
+		}
+		r.Ceiling = &m
+	}
 	binDir := c.binDir
 	for i, g := range c.gateways {
 		backlog := 0
@@ -276,8 +290,8 @@ func run(ctx context.Context, c config, sup *harness.Supervisor, started func(*f
 
 // cost is a cumulative sample of what PostgreSQL spent.
 type cost struct {
-	cpu          float64
-	stmts, xacts int64
+	cpu                        float64
+	stmts, xacts, rows, walLen int64
 }
 
 func sampleCost(ctx context.Context, srv *harness.Server, db *harness.Database) cost {
@@ -285,6 +299,8 @@ func sampleCost(ctx context.Context, srv *harness.Server, db *harness.Database) 
 	c.cpu, _ = srv.CPU()
 	c.stmts, _ = db.Statements(ctx)
 	c.xacts, _ = db.Xacts(ctx)
+	c.rows, _ = db.RowWrites(ctx)
+	c.walLen, _ = db.WALBytes(ctx)
 	return c
 }
 
@@ -297,6 +313,30 @@ func (m *measurement) perCommand(c0, c1 cost) {
 	m.PGCPUms = (c1.cpu - c0.cpu) * 1000 / n
 	m.Statements = float64(c1.stmts-c0.stmts) / n
 	m.Commits = float64(c1.xacts-c0.xacts) / n
+	m.RowWrites = float64(c1.rows-c0.rows) / n
+	m.WALBytes = float64(c1.walLen-c0.walLen) / n
+}
+
+// measure runs the creators (create) against db and fills m's counts,
+// rates, load and costs per command over the window; count reads how many
+// are completed.
+func (m *measurement) measure(ctx context.Context, c config, srv *harness.Server, db *harness.Database, create func(context.Context) error, count func() int64) error {
+	var c0, c1 cost
+	created, cps, done, err := measure(ctx, c, create, count, func(start bool) {
+		if start {
+			_ = db.ResetStatements(ctx)
+			c0 = sampleCost(ctx, srv, db)
+		} else {
+			c1 = sampleCost(ctx, srv, db)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	m.Load = loadAvg()
+	m.Created, m.CreatedPS, m.Completed, m.CompletedPS = created, cps, done, float64(done)/c.window.Seconds()
+	m.perCommand(c0, c1)
+	return nil
 }
 
 func loadAvg() string {
@@ -401,8 +441,8 @@ func leasehold(ctx context.Context, c config, srv *harness.Server, sup *harness.
 	_ = poll(ctx, c.drain, func() bool { return count() == created })
 	_ = f.DB.Pool.QueryRow(ctx, `SELECT count(*) /*bench*/ FROM commands WHERE state <> 'succeeded'`).Scan(&m.Unfinished)
 	m.Latency, err = latencies(ctx, f.DB, `SELECT extract(epoch FROM finished_at - created_at) /*bench*/ FROM commands WHERE state = 'succeeded'`)
-	logf("  %.0f created/s, %.0f completed/s, latency %s; per command: PostgreSQL CPU %.2f ms, %.2f statements, %.2f commits; dispatch call p50 %.1f ms p99 %.1f ms (load %s)",
-		m.CreatedPS, m.CompletedPS, m.Latency, m.PGCPUms, m.Statements, m.Commits, m.DispatchCallP50*1000, m.DispatchCallP99*1000, m.Load)
+	logf("  %.0f created/s, %.0f completed/s, latency %s; per command: PostgreSQL CPU %.2f ms, %.2f statements, %.2f commits, %.2f row writes, %.0f WAL bytes; dispatch call p50 %.1f ms p99 %.1f ms (load %s)",
+		m.CreatedPS, m.CompletedPS, m.Latency, m.PGCPUms, m.Statements, m.Commits, m.RowWrites, m.WALBytes, m.DispatchCallP50*1000, m.DispatchCallP99*1000, m.Load)
 	if err != nil || backlog <= 0 {
 		return m, nil, dir, err
 	}
@@ -558,31 +598,53 @@ func riverRun(ctx context.Context, c config, srv *harness.Server, sup *harness.S
 	}
 	logf("River: %d inserters for %s + %s, worker process with MaxWorkers %d", c.concurrency, c.warmup, c.window, workers)
 	var seq atomic.Int64
-	var c0, c1 cost
-	created, cps, done, err := measure(ctx, c, func(ctx context.Context) error {
+	if err := m.measure(ctx, c, srv, db, func(ctx context.Context) error {
 		_, err := client.Insert(ctx, noopArgs{N: int(seq.Add(1))}, nil)
 		return err
-	}, count, func(start bool) {
-		if start {
-			_ = db.ResetStatements(ctx)
-			c0 = sampleCost(ctx, srv, db)
-		} else {
-			c1 = sampleCost(ctx, srv, db)
-		}
-	})
+	}, count); err != nil {
+		return m, err
+	}
+	m.costliest(ctx, db)
+	_ = poll(ctx, c.drain, func() bool { return count() == m.Created })
+	_ = db.Pool.QueryRow(ctx, `SELECT count(*) /*bench*/ FROM river_job WHERE state <> 'completed'`).Scan(&m.Unfinished)
+	m.Latency, err = latencies(ctx, db, `SELECT extract(epoch FROM finalized_at - created_at) /*bench*/ FROM river_job WHERE state = 'completed'`)
+	logf("  %.0f inserted/s, %.0f completed/s, latency %s; per job: PostgreSQL CPU %.2f ms, %.2f statements, %.2f commits, %.2f row writes, %.0f WAL bytes (load %s)",
+		m.CreatedPS, m.CompletedPS, m.Latency, m.PGCPUms, m.Statements, m.Commits, m.RowWrites, m.WALBytes, m.Load)
+	return m, err
+}
+
+// insertCeiling measures the creators alone, unpaced, on a database of
+// their own: the same single-row INSERT as the sql producer, nothing
+// dispatching or working the rows. Neither system can complete more per
+// second than this machine can insert, which bounds any ratio.
+func insertCeiling(ctx context.Context, c config, srv *harness.Server) (measurement, error) {
+	m := measurement{System: "inserts alone"}
+	db, err := srv.CreateDatabase(ctx, "ceiling")
 	if err != nil {
 		return m, err
 	}
-	m.Load = loadAvg()
-	m.Created, m.CreatedPS, m.Completed, m.CompletedPS = created, cps, done, float64(done)/c.window.Seconds()
-	m.perCommand(c0, c1)
-	m.costliest(ctx, db)
-	_ = poll(ctx, c.drain, func() bool { return count() == created })
-	_ = db.Pool.QueryRow(ctx, `SELECT count(*) /*bench*/ FROM river_job WHERE state <> 'completed'`).Scan(&m.Unfinished)
-	m.Latency, err = latencies(ctx, db, `SELECT extract(epoch FROM finalized_at - created_at) /*bench*/ FROM river_job WHERE state = 'completed'`)
-	logf("  %.0f inserted/s, %.0f completed/s, latency %s; per job: PostgreSQL CPU %.2f ms, %.2f statements, %.2f commits (load %s)",
-		m.CreatedPS, m.CompletedPS, m.Latency, m.PGCPUms, m.Statements, m.Commits, m.Load)
-	return m, err
+	defer db.Drop()
+	ids, _, err := harness.RegisterNodes(ctx, db.Pool, "node", c.nodes)
+	if err != nil {
+		return m, err
+	}
+	count := func() int64 {
+		var n int64
+		_ = db.Pool.QueryRow(ctx, `SELECT count(*) /*bench*/ FROM commands`).Scan(&n)
+		return n
+	}
+	unpaced := c
+	unpaced.rate = 0
+	logf("inserts alone: %d creators, unpaced, for %s + %s", c.concurrency, c.warmup, c.window)
+	if err := m.measure(ctx, unpaced, srv, db, func(ctx context.Context) error {
+		_, err := db.Pool.Exec(ctx, `INSERT INTO commands (node_id, kind, payload) VALUES ($1, 'bench.echo', 'x')`, ids[rand.IntN(len(ids))])
+		return err
+	}, count); err != nil {
+		return m, err
+	}
+	logf("  %.0f inserted/s; per insert: PostgreSQL CPU %.2f ms, %.2f statements, %.2f commits, %.2f row writes, %.0f WAL bytes (load %s)",
+		m.CompletedPS, m.PGCPUms, m.Statements, m.Commits, m.RowWrites, m.WALBytes, m.Load)
+	return m, nil
 }
 
 // noopArgs matches riverclient's NoopArgs (kind bench_noop).
@@ -664,15 +726,19 @@ func poll(ctx context.Context, timeout time.Duration, cond func() bool) error {
 func (r *result) print(w io.Writer) {
 	fmt.Fprintf(w, "\nthroughput: %d nodes, %d concurrent creators (leasehold via %s), %.0f s window; %s; machine %s; %s\n\n",
 		r.Nodes, r.Concurrency, r.Producer, r.Window, r.Database, r.Machine, r.Date)
-	fmt.Fprintln(w, "| system | gateways / MaxWorkers | created/s | completed/s | latency p50 | latency p99 | PG CPU ms/cmd | statements/cmd | commits/cmd | unfinished | load |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| system | gateways / MaxWorkers | created/s | completed/s | latency p50 | latency p99 | PG CPU ms/cmd | statements/cmd | commits/cmd | row writes/cmd | WAL bytes/cmd | unfinished | load |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, m := range slices.Clone(r.Results) {
 		g := fmt.Sprint(m.Gateways)
 		if m.System == "River" {
 			g = fmt.Sprintf("MaxWorkers %d", m.RiverWorkers)
 		}
-		fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.3f s | %.3f s | %.2f | %.2f | %.2f | %d | %s |\n", m.System, g, m.CreatedPS, m.CompletedPS,
-			m.Latency.P50, m.Latency.P99, m.PGCPUms, m.Statements, m.Commits, m.Unfinished, m.Load)
+		fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.3f s | %.3f s | %.2f | %.2f | %.2f | %.2f | %.0f | %d | %s |\n", m.System, g, m.CreatedPS, m.CompletedPS,
+			m.Latency.P50, m.Latency.P99, m.PGCPUms, m.Statements, m.Commits, m.RowWrites, m.WALBytes, m.Unfinished, m.Load)
+	}
+	if r.Ceiling != nil {
+		fmt.Fprintf(w, "\ninserts alone (the same creators unpaced, nothing completing them): %.0f/s, PostgreSQL CPU %.2f ms per insert (load %s)\n",
+			r.Ceiling.CompletedPS, r.Ceiling.PGCPUms, r.Ceiling.Load)
 	}
 	if r.RiverBest > 0 {
 		fmt.Fprintf(w, "\nratio leasehold/River at its best (%.0f completed/s):", r.RiverBest)

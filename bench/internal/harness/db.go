@@ -138,6 +138,22 @@ func (d *Database) Xacts(ctx context.Context) (int64, error) {
 	return n, err
 }
 
+// RowWrites returns the rows inserted, updated and deleted in the database
+// (pg_stat_database; backends report them at most about once a second).
+func (d *Database) RowWrites(ctx context.Context) (int64, error) {
+	var n int64
+	err := d.Pool.QueryRow(ctx, `SELECT tup_inserted + tup_updated + tup_deleted FROM pg_stat_database WHERE datname = current_database()`).Scan(&n)
+	return n, err
+}
+
+// WALBytes returns the WAL the server has written since its statistics
+// were reset (pg_stat_wal: the whole server, not one database).
+func (d *Database) WALBytes(ctx context.Context) (int64, error) {
+	var n int64
+	err := d.Pool.QueryRow(ctx, `SELECT wal_bytes::bigint FROM pg_stat_wal`).Scan(&n)
+	return n, err
+}
+
 // ResetStatements resets pg_stat_statements.
 func (d *Database) ResetStatements(ctx context.Context) error {
 	_, err := d.Pool.Exec(ctx, "SELECT pg_stat_statements_reset()")
