@@ -140,7 +140,7 @@ func TestTraceFromCreateCommandToNodeResult(t *testing.T) {
 	t.Cleanup(func() { cancel(); wg.Wait() })
 
 	client := controlv1connect.NewControlServiceClient(http.DefaultClient, "http://"+apiAddr)
-	req := connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: ids[0], Kind: "exec"})
+	req := connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: ids[0], Kind: "exec", Payload: []byte(`{"argv":["true"]}`)})
 	req.Header().Set("Authorization", "Bearer "+token)
 	callCtx, callCancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer callCancel()

@@ -76,7 +76,7 @@ func TestProcessServesAndStopsCleanly(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	cred, _ := body["credential"].(string)
 	require.NotEmpty(t, cred)
-	code, body = post(t, c, base+"CreateCommand", operator, `{"nodeId":"node-p","kind":"exec","idempotencyKey":"once"}`)
+	code, body = post(t, c, base+"CreateCommand", operator, `{"nodeId":"node-p","kind":"exec","payload":"eyJhcmd2IjpbInRydWUiXX0=","idempotencyKey":"once"}`)
 	require.Equal(t, http.StatusOK, code, body)
 	require.Equal(t, true, body["created"])
 	code, body = post(t, c, base+"ListCommands", viewer, `{"nodeId":"node-p"}`)
@@ -155,7 +155,7 @@ func TestEndToEndCommandThroughGateway(t *testing.T) {
 	}, 20*time.Second, 50*time.Millisecond)
 	require.Equal(t, map[string]string{"role": "test"}, spec.Load().GetLabels(), "registration labels reach the node in its spec")
 
-	cmd, err := client.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "e2e-1", Kind: "exec", Payload: []byte("uptime"), IdempotencyKey: "e2e"}))
+	cmd, err := client.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "e2e-1", Kind: "test.echo", Payload: []byte("uptime"), IdempotencyKey: "e2e"}))
 	require.NoError(t, err)
 	w, err := client.WaitCommand(ctx, connect.NewRequest(&controlv1.WaitCommandRequest{CommandId: cmd.Msg.GetCommand().GetId(), Timeout: durationpb.New(30 * time.Second)}))
 	require.NoError(t, err)

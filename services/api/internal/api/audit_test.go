@@ -66,14 +66,14 @@ func TestAuditEveryMutatingCall(t *testing.T) {
 			return err
 		}, auditRow{admin, "admin", "CreatePool", "pool", "p1", "ok"}},
 		{"create command", func() error {
-			r, err := o.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "n1", Kind: "exec", IdempotencyKey: "k1"}))
+			r, err := o.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "n1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`), IdempotencyKey: "k1"}))
 			if err == nil {
 				cmdID = r.Msg.GetCommand().GetId()
 			}
 			return err
 		}, auditRow{operator, "operator", "CreateCommand", "command", "", "ok"}},
 		{"repeat command", func() error {
-			_, err := o.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "n1", Kind: "exec", IdempotencyKey: "k1"}))
+			_, err := o.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "n1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`), IdempotencyKey: "k1"}))
 			return err
 		}, auditRow{operator, "operator", "CreateCommand", "command", "", "unchanged"}},
 		{"cancel command", func() error {

@@ -58,6 +58,11 @@ func validateCreateCommand(m *controlv1.CreateCommandRequest, defaultTimeout tim
 		}
 		c.key = &k
 	}
+	// A typed kind's payload is parsed last, so every other field's error
+	// comes first; other kinds stay opaque to the api.
+	if err := checkPayload(m.GetKind(), m.GetPayload()); err != nil {
+		return c, err
+	}
 	return c, nil
 }
 

@@ -2,8 +2,11 @@ package api
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,11 +58,11 @@ func testIdempotencyKey(t *testing.T, b *bundle) {
 	require.Equal(t, 1, b.count(`SELECT count(*) FROM commands`))
 
 	// The same key with other content is a conflict; the key is per node.
-	_, err = b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Payload: []byte("other"), IdempotencyKey: "k-1"}))
+	_, err = b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Payload: []byte(`{"argv":["false"]}`), IdempotencyKey: "k-1"}))
 	ce := requireConnectError(t, err, connect.CodeAlreadyExists)
 	require.Contains(t, ce.Message(), "idempotency_key")
 	b.registerNode("node-2", nil)
-	other, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-2", Kind: "exec", IdempotencyKey: "k-1"}))
+	other, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-2", Kind: "exec", Payload: []byte(`{"argv":["true"]}`), IdempotencyKey: "k-1"}))
 	require.NoError(t, err)
 	require.True(t, other.Msg.GetCreated())
 
@@ -81,7 +84,7 @@ func testIdempotencyKey(t *testing.T, b *bundle) {
 		Expiry: &controlv1.CreateCommandRequest_Deadline{Deadline: timestamppb.New(time.Now().Add(-time.Minute))}}))
 	ce = requireConnectError(t, err, connect.CodeInvalidArgument)
 	require.Contains(t, ce.Message(), "deadline:")
-	_, err = b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "ghost", Kind: "exec"}))
+	_, err = b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "ghost", Kind: "exec", Payload: []byte(`{"argv":["true"]}`)}))
 	requireCode(t, err, connect.CodeNotFound)
 	require.Equal(t, 4, b.count(`SELECT count(*) FROM commands`))
 
@@ -99,7 +102,7 @@ func TestCancelCommand(t *testing.T) {
 	ctx := ctxT(t)
 	b.registerNode("node-1", nil)
 	mk := func() string {
-		r, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec"}))
+		r, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`)}))
 		require.NoError(t, err)
 		return r.Msg.GetCommand().GetId()
 	}
@@ -155,7 +158,7 @@ func TestWaitCommand(t *testing.T) {
 	b := setup(t)
 	ctx := ctxT(t)
 	b.registerNode("node-1", nil)
-	r, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec"}))
+	r, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`)}))
 	require.NoError(t, err)
 	id := r.Msg.GetCommand().GetId()
 
@@ -191,7 +194,7 @@ UPDATE commands SET state = 'succeeded', finished_at = compute_now() WHERE id = 
 	_, err = b.viewer.WaitCommand(ctx, connect.NewRequest(&controlv1.WaitCommandRequest{CommandId: id}))
 	require.NoError(t, err)
 	require.Less(t, time.Since(start), time.Second)
-	r, err = b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec"}))
+	r, err = b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`)}))
 	require.NoError(t, err)
 	short := b.client(viewerToken, connect.WithInterceptors())
 	shortCtx, cancel := contextWithTimeout(ctx, time.Second)
@@ -214,7 +217,7 @@ func TestWaiterIsWokenWhenTheCommandFinishes(t *testing.T) {
 	}
 	ctx := ctxT(t)
 	b.registerNode("node-1", nil)
-	r, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec"}))
+	r, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`)}))
 	require.NoError(t, err)
 	id := r.Msg.GetCommand().GetId()
 
@@ -323,7 +326,7 @@ func TestCreateCommandConcurrentSameKeyCreatesOnce(t *testing.T) {
 	results := make(chan out, n)
 	for range n {
 		go func() {
-			r, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Payload: []byte("x"), IdempotencyKey: "race"}))
+			r, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Payload: []byte(`{"argv":["x"]}`), IdempotencyKey: "race"}))
 			if err != nil {
 				results <- out{err: err}
 				return
@@ -343,4 +346,60 @@ func TestCreateCommandConcurrentSameKeyCreatesOnce(t *testing.T) {
 	require.Len(t, ids, 1)
 	require.Equal(t, 1, created)
 	require.Equal(t, 1, b.count(`SELECT count(*) FROM commands`))
+}
+
+// TestCreateCommandTypedPayload: a typed kind's payload (pkg/cmdkind) is
+// parsed at CreateCommand; a bad one is INVALID_ARGUMENT naming the field,
+// and nothing is written (no command, no audit event). Other kinds stay
+// opaque: any bytes are stored as they are.
+func TestCreateCommandTypedPayload(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxT(t)
+	b.registerNode("node-1", nil)
+	bad := []struct{ kind, payload, msg string }{
+		{"exec", ``, "payload.argv: must not be empty"},
+		{"exec", `{"argv":[]}`, "payload.argv: must not be empty"},
+		{"exec", `uptime`, "payload: not valid JSON for kind exec: "},
+		{"exec", `{"argv":["ls"],"shell":true}`, "payload: not valid JSON for kind exec: "},
+		{"exec", `{"argv":["ls"],"env":{"1X":"y"}}`, `payload.env: name "1X" must match [A-Za-z_][A-Za-z0-9_]*`},
+		{"exec", `{"argv":["ls"],"timeout":"90000s"}`, "payload.timeout: must be positive and at most 24h0m0s"},
+		{"exec", `{"argv":["ls"],"user":"-x"}`, `payload.user: "-x" must be a numeric id or a name`},
+		{"script", `{"interpreter":"sh"}`, "payload.script: must not be empty"},
+		{"file.put", `{"path":"/etc/../x"}`, "payload.path: must be absolute and clean"},
+		{"file.put", `{"path":"/x","mode":4096}`, "payload.mode: must be at most 07777"},
+		{"file.put", `{"path":"/x","sha256":"ABC"}`, "payload.sha256: must be 64 lowercase hex digits"},
+		{"file.get", `{"path":"relative"}`, "payload.path: must be absolute and clean"},
+		{"facts", `{"x":1}`, "payload: not valid JSON for kind facts"},
+		{"reboot", `{"delay":"7200s"}`, "payload.delay: must be in 0s..1h0m0s"},
+	}
+	for _, c := range bad {
+		_, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: c.kind, Payload: []byte(c.payload)}))
+		ce := requireConnectError(t, err, connect.CodeInvalidArgument, "%s %s", c.kind, c.payload)
+		require.True(t, strings.HasPrefix(ce.Message(), c.msg), "%s %s: %q does not start with %q", c.kind, c.payload, ce.Message(), c.msg)
+	}
+	// The same over JSON, as curl sends it (payload base64).
+	code, body := b.postJSON("/leasehold.control.v1.ControlService/CreateCommand", operatorToken,
+		`{"nodeId":"node-1","kind":"exec","payload":"`+base64.StdEncoding.EncodeToString([]byte(`{"argv":[""]}`))+`"}`)
+	require.Equal(t, http.StatusBadRequest, code)
+	require.Equal(t, "invalid_argument", body["code"])
+	require.Equal(t, "payload.argv[0]: must name a program", body["message"])
+	require.Zero(t, b.count(`SELECT count(*) FROM commands`))
+	require.Zero(t, b.count(`SELECT count(*) FROM audit_events WHERE method = 'CreateCommand'`))
+
+	good := []struct{ kind, payload string }{
+		{"exec", `{"argv":["uname","-a"],"env":{"LC_ALL":"C"},"timeout":"30s"}`},
+		{"script", `{"interpreter":"/bin/sh","script":"echo hi"}`},
+		{"file.put", `{"path":"/etc/motd","content":"aGk=","mode":420}`},
+		{"file.get", `{"path":"/etc/hostname"}`},
+		{"facts", ``},
+		{"reboot", `{"delay":"60s","reason":"kernel"}`},
+		{"custom.kind", "not json \x00 at all"},
+	}
+	for _, c := range good {
+		r, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: c.kind, Payload: []byte(c.payload)}))
+		require.NoError(t, err, "%s %s", c.kind, c.payload)
+		require.Equal(t, c.payload, string(r.Msg.GetCommand().GetPayload()), "the payload is stored as sent")
+	}
+	require.Equal(t, len(good), b.count(`SELECT count(*) FROM commands`))
 }

@@ -152,7 +152,7 @@ func TestInvalidArgumentsWriteNothing(t *testing.T) {
 		}},
 		// CreateCommand
 		{"command no node", "node_id", func() error {
-			_, err := o.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{Kind: "exec"}))
+			_, err := o.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{Kind: "exec", Payload: []byte(`{"argv":["true"]}`)}))
 			return err
 		}},
 		{"command no kind", "kind", func() error {
@@ -562,7 +562,7 @@ func TestAuthOnEveryMethod(t *testing.T) {
 	requireCode(t, err, connect.CodePermissionDenied)
 	_, err = b.operator.CreatePool(ctx, connect.NewRequest(&controlv1.CreatePoolRequest{PoolId: "p"}))
 	requireCode(t, err, connect.CodePermissionDenied)
-	_, err = b.viewer.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "n", Kind: "exec"}))
+	_, err = b.viewer.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "n", Kind: "exec", Payload: []byte(`{"argv":["true"]}`)}))
 	requireCode(t, err, connect.CodePermissionDenied)
 	_, err = b.client("wrong-token-0000000000", connect.WithGRPC()).ListNodes(ctx, connect.NewRequest(&controlv1.ListNodesRequest{}))
 	requireCode(t, err, connect.CodeUnauthenticated)
@@ -638,7 +638,7 @@ func TestStopAnswersWaitersAtOnce(t *testing.T) {
 	b := setup(t)
 	ctx := ctxT(t)
 	b.registerNode("node-1", nil)
-	r, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec"}))
+	r, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`)}))
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() {

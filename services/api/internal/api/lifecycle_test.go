@@ -70,7 +70,7 @@ func (b *bundle) busyNode(id string) (cmd, lease string) {
 	_, err := b.admin.CreatePool(ctx, connect.NewRequest(&controlv1.CreatePoolRequest{PoolId: "pool-" + id}))
 	require.NoError(b.t, err)
 	b.registerNode(id, nil)
-	c, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: id, Kind: "exec"}))
+	c, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: id, Kind: "exec", Payload: []byte(`{"argv":["true"]}`)}))
 	require.NoError(b.t, err)
 	cmd = c.Msg.GetCommand().GetId()
 	b.exec(`UPDATE commands SET state = 'acknowledged', dispatched_at = compute_now(), acked_at = compute_now() WHERE id = $1`, cmd)
@@ -176,6 +176,6 @@ func TestDecommissionRevokesOnlyADrainedNode(t *testing.T) {
 	require.Equal(t, [][2]string{{"ok", "revoke"}, {"unchanged", "cordon"}, {"ok", "cordon"}}, got)
 
 	// A revoked node cannot take commands.
-	_, err = b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "n1", Kind: "exec"}))
+	_, err = b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "n1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`)}))
 	requireCode(t, err, connect.CodeFailedPrecondition)
 }

@@ -97,7 +97,7 @@ func TestRevokeNode(t *testing.T) {
 	requireCode(t, err, connect.CodeNotFound)
 
 	// A revoked node takes no commands.
-	_, err = b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec"}))
+	_, err = b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`)}))
 	requireCode(t, err, connect.CodeFailedPrecondition)
 }
 

@@ -27,7 +27,7 @@ func TestCreateCommandStoresTraceparent(t *testing.T) {
 	b.registerNode("node-1", nil)
 	untraced.registerNode("node-1", nil)
 
-	resp, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec"}))
+	resp, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`)}))
 	require.NoError(t, err)
 	var server trace.SpanContext
 	for _, s := range rec.Ended() {
@@ -41,7 +41,7 @@ func TestCreateCommandStoresTraceparent(t *testing.T) {
 	require.NotNil(t, stored)
 	require.Equal(t, "00-"+server.TraceID().String()+"-"+server.SpanID().String()+"-01", *stored)
 
-	resp, err = untraced.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec"}))
+	resp, err = untraced.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`)}))
 	require.NoError(t, err)
 	require.NoError(t, untraced.db.Pool.QueryRow(context.Background(), `SELECT traceparent FROM commands WHERE id = $1`, resp.Msg.GetCommand().GetId()).Scan(&stored))
 	require.Nil(t, stored, "tracing off: nothing stored")

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/leasehold/leasehold/pkg/cmdkind"
 	"github.com/leasehold/leasehold/pkg/egress"
 )
 
@@ -204,6 +205,16 @@ func checkSinkSecret(field, secret string) error {
 		if err != nil || len(key) < minWhsecKey || len(key) > maxWhsecKey {
 			return invalid(field, "a %s secret must be the standard base64 of a %d..%d-byte key", whsecPrefix, minWhsecKey, maxWhsecKey)
 		}
+	}
+	return nil
+}
+
+// checkPayload refuses a typed kind's payload (pkg/cmdkind) that the node
+// would refuse anyway, with the field path of the offending field, so the
+// mistake is seen at CreateCommand instead of in a failed result later.
+func checkPayload(kind string, payload []byte) error {
+	if _, err := cmdkind.Parse(kind, payload); err != nil {
+		return connect.NewError(connect.CodeInvalidArgument, err)
 	}
 	return nil
 }
