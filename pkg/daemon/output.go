@@ -39,12 +39,29 @@ func Stderr(ctx context.Context) io.Writer {
 	return outputFor(ctx, nodev1.OutputStream_OUTPUT_STREAM_STDERR)
 }
 
+// writers are the Stdout and Stderr of a WithOutput ctx.
+type writers struct{ stdout, stderr io.Writer }
+
+// WithOutput returns a ctx whose Stdout and Stderr are stdout and stderr,
+// so a Handler can be run outside a daemon (its tests, a local CLI) with
+// its live output observed. The writers must be safe for concurrent use:
+// a Handler may write both streams from different goroutines. The
+// innermost of WithOutput and a daemon's own output wins.
+func WithOutput(ctx context.Context, stdout, stderr io.Writer) context.Context {
+	return context.WithValue(ctx, outputKey{}, writers{stdout: stdout, stderr: stderr})
+}
+
 func outputFor(ctx context.Context, stream nodev1.OutputStream) io.Writer {
-	o, ok := ctx.Value(outputKey{}).(*output)
-	if !ok {
-		return io.Discard
+	switch o := ctx.Value(outputKey{}).(type) {
+	case *output:
+		return streamWriter{o: o, stream: stream}
+	case writers:
+		if stream == nodev1.OutputStream_OUTPUT_STREAM_STDERR {
+			return o.stderr
+		}
+		return o.stdout
 	}
-	return streamWriter{o: o, stream: stream}
+	return io.Discard
 }
 
 type streamWriter struct {
