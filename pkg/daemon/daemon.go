@@ -22,6 +22,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 	"github.com/jonboulle/clockwork"
@@ -579,7 +580,14 @@ func (d *Daemon) handleCommand(ctx context.Context, cmd *nodev1.Command) {
 	}()
 }
 
+// finish journals res, then sends it. Error is made valid UTF-8 without
+// NUL first: protojson (the journal) and protobuf (the stream) refuse
+// invalid UTF-8 in a string field, and PostgreSQL's text refuses NUL, so a
+// Handler's raw error bytes would otherwise leave the result unjournalled,
+// unsendable or unstorable, and the command replayed forever. Output is a
+// bytes field (base64 in the journal, bytea in the database): any bytes go.
 func (d *Daemon) finish(id string, res *nodev1.CommandResult) {
+	res.Error = sanitizeText(res.GetError())
 	if err := d.cfg.Journal.Record(id, res); err != nil {
 		d.log.Error("journal command result", "command", id, "err", err)
 	}
@@ -592,6 +600,14 @@ func (d *Daemon) sendResult(res *nodev1.CommandResult) {
 	if err := d.send(&nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_CommandResult{CommandResult: res}}); err != nil {
 		d.log.Debug("result not sent now; it is re-sent on replay", "command", res.GetCommandId(), "err", err)
 	}
+}
+
+// sanitizeText replaces invalid UTF-8 and NUL bytes with U+FFFD.
+func sanitizeText(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsRune(s, 0) {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
