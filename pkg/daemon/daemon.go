@@ -56,6 +56,11 @@ type Config struct {
 	Address string
 	// NodeID and Credential authenticate the node.
 	NodeID, Credential string
+	// CredentialFunc, when set, is asked for the credential at every Hello
+	// and wins over Credential, so a credential rotated on disk is used
+	// from the next session on without a restart. An error fails that
+	// dial, which is retried with back-off.
+	CredentialFunc func() (string, error)
 	// Kind defaults to NODE_KIND_NODE.
 	Kind nodev1.NodeKind
 	// SiteID, Labels and Version are reported on Hello; an empty Version
@@ -156,8 +161,8 @@ type Daemon struct {
 
 // New validates cfg and returns a daemon; Run starts it.
 func New(cfg Config) (*Daemon, error) {
-	if cfg.Address == "" || cfg.NodeID == "" || cfg.Credential == "" || cfg.Handler == nil {
-		return nil, errors.New("daemon: Address, NodeID, Credential and Handler are required")
+	if cfg.Address == "" || cfg.NodeID == "" || (cfg.Credential == "" && cfg.CredentialFunc == nil) || cfg.Handler == nil {
+		return nil, errors.New("daemon: Address, NodeID, Credential (or CredentialFunc) and Handler are required")
 	}
 	if !strings.HasPrefix(cfg.Address, "http://") && !strings.HasPrefix(cfg.Address, "https://") {
 		return nil, fmt.Errorf("daemon: address %q must start with http:// (h2c) or https://", cfg.Address)
@@ -372,8 +377,16 @@ func (d *Daemon) session(ctx context.Context) sessionEnd {
 			closeReq()
 		}
 	}()
+	cred := d.cfg.Credential
+	if d.cfg.CredentialFunc != nil {
+		c, err := d.cfg.CredentialFunc()
+		if err != nil {
+			return sessionEnd{err: fmt.Errorf("read the node credential: %w", err)}
+		}
+		cred = c
+	}
 	hello := &nodev1.Hello{
-		NodeId: d.cfg.NodeID, Credential: d.cfg.Credential, DaemonVersion: d.cfg.Version,
+		NodeId: d.cfg.NodeID, Credential: cred, DaemonVersion: d.cfg.Version,
 		InFlightCommandIds: d.cfg.Journal.InFlight(), Kind: d.cfg.Kind, SiteId: d.cfg.SiteID, Labels: d.cfg.Labels,
 	}
 	d.mu.Lock()
