@@ -71,7 +71,6 @@ require (
 	go.yaml.in/yaml/v3 v3.0.6 // indirect
 	golang.org/x/net v0.62.0 // indirect
 	golang.org/x/sync v0.25.0 // indirect
-	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.44.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20261110000943-09e21b237f2c // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c // indirect
@@ -81,6 +80,7 @@ require (
 
 require (
 	connectrpc.com/connect v1.21.1
+	github.com/creack/pty v1.1.24
 	github.com/exaring/otelpgx v0.13.0
 	github.com/grafana/dskit v0.0.0-20260703122047-de1ec7541c44
 	github.com/jackc/pgx/v5 v5.13.0
@@ -94,6 +94,7 @@ require (
 	go.opentelemetry.io/otel/sdk v1.47.0
 	go.opentelemetry.io/otel/trace v1.47.0
 	go.uber.org/goleak v1.3.0
+	golang.org/x/sys v0.50.0
 	google.golang.org/protobuf v1.36.12
 )
 

@@ -109,9 +109,16 @@ type Config struct {
 	// to (OpenTunnel); none by default: every port is refused
 	// PERMISSION_DENIED.
 	TunnelPorts []uint32
-	// TunnelShell is the argv of the shell a shell tunnel runs, with pipes
-	// (no pty), e.g. ["/bin/sh"]; empty refuses shell tunnels.
+	// TunnelShell is the argv of the shell a shell tunnel runs, e.g.
+	// ["/bin/sh"]; empty refuses shell tunnels. It runs on a pseudo-terminal
+	// when the OpenTunnel carries a terminal size, with pipes otherwise, in a
+	// session of its own that is killed when the tunnel or the shell ends.
 	TunnelShell []string
+	// TunnelShellUser is the user (name or numeric id) the shell runs as,
+	// with that user's groups, home and a clean environment; empty runs it
+	// as the daemon's own user with the daemon's environment. A user that
+	// does not exist refuses the tunnel FAILED_PRECONDITION.
+	TunnelShellUser string
 
 	// Clock and Rand are injectable for tests.
 	Clock clockwork.Clock

@@ -7,6 +7,10 @@ package daemon
 // gateway). Only ports in Config.TunnelPorts are connected, and the shell
 // only when Config.TunnelShell names one; anything else is refused with
 // PERMISSION_DENIED in the attach, so the operator sees why.
+//
+// A shell runs on a pseudo-terminal when the OpenTunnel carries a terminal
+// size (with pipes otherwise), in a session of its own; once it exits, its
+// remaining output is sent, then one shell_exit, then the half-close.
 
 import (
 	"context"
@@ -14,8 +18,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"sync"
@@ -69,9 +71,11 @@ func (d *Daemon) openTunnel(ctx context.Context, ot *nodev1.OpenTunnel) {
 	log.Debug("tunnel attached")
 	defer func() { _ = target.Close() }()
 
+	sh, _ := target.(*shellProc)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		// target -> gateway; a read error or EOF half-closes the stream.
+		// target -> gateway; a read error or EOF half-closes the stream,
+		// after a shell's shell_exit.
 		defer func() { _ = stream.CloseRequest() }()
 		buf := make([]byte, tunnelChunk)
 		for {
@@ -82,11 +86,22 @@ func (d *Daemon) openTunnel(ctx context.Context, ot *nodev1.OpenTunnel) {
 				}
 			}
 			if err != nil {
-				return
+				break
 			}
+		}
+		if sh == nil {
+			return
+		}
+		select {
+		case <-sh.exited:
+			ex := sh.exitStatus()
+			log.Info("tunnel shell exited", "exit_code", ex.GetExitCode(), "signal", ex.GetSignal())
+			_ = stream.Send(&nodev1.TunnelRequest{ShellExit: ex})
+		case <-tctx.Done():
 		}
 	})
 	// gateway -> target, until the gateway ends the stream.
+	writeFailed := false
 	for {
 		m, err := stream.Receive()
 		if err != nil {
@@ -95,10 +110,22 @@ func (d *Daemon) openTunnel(ctx context.Context, ot *nodev1.OpenTunnel) {
 			}
 			break
 		}
-		if len(m.GetData()) > 0 {
+		if len(m.GetData()) > 0 && !writeFailed {
 			if _, err := target.Write(m.GetData()); err != nil {
-				log.Info("tunnel target write failed", "err", err)
-				break
+				if sh == nil {
+					log.Info("tunnel target write failed", "err", err)
+					break
+				}
+				// A shell that exited reads nothing more: its input is
+				// dropped while its output, shell_exit and the half-close
+				// are still on their way.
+				log.Debug("tunnel shell input dropped", "err", err)
+				writeFailed = true
+			}
+		}
+		if rs := m.GetResize(); rs != nil && sh != nil {
+			if err := sh.resize(rs); err != nil {
+				log.Info("tunnel shell resize failed", "rows", rs.GetRows(), "cols", rs.GetCols(), "err", err)
 			}
 		}
 		if m.GetEof() {
@@ -127,7 +154,18 @@ func (d *Daemon) connectTarget(ctx context.Context, ot *nodev1.OpenTunnel) (tunn
 		if len(d.cfg.TunnelShell) == 0 {
 			return nil, connect.CodePermissionDenied, fmt.Errorf("shell tunnels are disabled on node %s (daemon TunnelShell)", d.cfg.NodeID)
 		}
-		s, err := startShell(d.cfg.TunnelShell)
+		spec := shellSpec{argv: d.cfg.TunnelShell, size: ot.GetTerminalSize(), term: shellTerm(ot.GetTerm())}
+		if sz := spec.size; sz != nil && !validTerminalSize(sz) {
+			return nil, connect.CodeInvalidArgument, fmt.Errorf("open_tunnel.terminal_size %dx%d: rows and cols must be in 1..%d", sz.GetRows(), sz.GetCols(), maxTerminalCells)
+		}
+		if d.cfg.TunnelShellUser != "" {
+			u, err := lookupShellUser(d.cfg.TunnelShellUser)
+			if err != nil {
+				return nil, connect.CodeFailedPrecondition, fmt.Errorf("node %s cannot run its shell as %q (daemon TunnelShellUser): %w", d.cfg.NodeID, d.cfg.TunnelShellUser, err)
+			}
+			spec.user = u
+		}
+		s, err := startShell(spec)
 		if err != nil {
 			return nil, connect.CodeUnavailable, fmt.Errorf("node %s could not start its shell: %w", d.cfg.NodeID, err)
 		}
@@ -137,46 +175,32 @@ func (d *Daemon) connectTarget(ctx context.Context, ot *nodev1.OpenTunnel) (tunn
 	}
 }
 
-// shell is a shell process behind pipes: writes go to its stdin, reads
-// come from its stdout and stderr together.
-type shell struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	out   *os.File
-	once  sync.Once
+// maxTerminalCells bounds a terminal's rows and cols.
+const maxTerminalCells = 10000
+
+// validTerminalSize says whether sz's rows and cols are both in
+// 1..maxTerminalCells.
+func validTerminalSize(sz *nodev1.TerminalSize) bool {
+	return sz.GetRows() >= 1 && sz.GetRows() <= maxTerminalCells && sz.GetCols() >= 1 && sz.GetCols() <= maxTerminalCells
 }
 
-func startShell(argv []string) (*shell, error) {
-	cmd := exec.Command(argv[0], argv[1:]...)
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	r, w, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	cmd.Stdout, cmd.Stderr = w, w
-	if err := cmd.Start(); err != nil {
-		_ = r.Close()
-		_ = w.Close()
-		return nil, err
-	}
-	_ = w.Close() // the child holds its copy: EOF once it exits
-	return &shell{cmd: cmd, stdin: stdin, out: r}, nil
-}
+// defaultTerm is the TERM of a pseudo-terminal shell whose caller sent none
+// (or one that is not a plain terminal name).
+const defaultTerm = "xterm-256color"
 
-func (s *shell) Read(p []byte) (int, error)  { return s.out.Read(p) }
-func (s *shell) Write(p []byte) (int, error) { return s.stdin.Write(p) }
-func (s *shell) CloseWrite() error           { return s.stdin.Close() }
-
-// Close kills the shell if it still runs and reaps it.
-func (s *shell) Close() error {
-	s.once.Do(func() {
-		_ = s.stdin.Close()
-		_ = s.cmd.Process.Kill()
-		_ = s.cmd.Wait()
-		_ = s.out.Close()
-	})
-	return nil
+// shellTerm is term when it is 1..64 bytes of [A-Za-z0-9._+-], else
+// defaultTerm: the value goes into the shell's environment, so it must not
+// carry anything but a terminal name.
+func shellTerm(term string) string {
+	if len(term) == 0 || len(term) > 64 {
+		return defaultTerm
+	}
+	for _, c := range []byte(term) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '+', c == '-':
+		default:
+			return defaultTerm
+		}
+	}
+	return term
 }
