@@ -24,6 +24,10 @@ type auditEvent struct {
 	TargetID   string         // the target's id
 	Outcome    string         // "ok", or what happened instead ("unchanged", ...)
 	Detail     map[string]any // small, non-secret facts about the change
+	// Actor and Role name a caller that has no api token (EnrollmentService:
+	// "join-token:<id>" / "join-token", "node:<id>" / "node"); empty: the
+	// caller of the context.
+	Actor, Role string
 }
 
 const insertAuditSQL = `
@@ -37,6 +41,9 @@ func (h *Handler) recordAudit(ctx context.Context, q pgdb.Querier, ev auditEvent
 	actor, role := "unauthenticated", "none"
 	if id, ok := IdentityFrom(ctx); ok {
 		actor, role = id.ID, id.Role.String()
+	}
+	if ev.Actor != "" {
+		actor, role = ev.Actor, ev.Role
 	}
 	if ev.Outcome == "" {
 		ev.Outcome = "ok"

@@ -51,6 +51,13 @@ var requiredRoles = map[string]apiauth.Role{
 	controlv1connect.ControlServiceDecommissionNodeProcedure: apiauth.RoleAdmin,
 	controlv1connect.ControlServiceListAuditEventsProcedure:  apiauth.RoleAdmin,
 
+	// Enrollment: join tokens and re-enrolment. EnrollmentService itself
+	// takes no bearer token (authfirst.go) and is not listed here.
+	controlv1connect.ControlServiceCreateJoinTokenProcedure: apiauth.RoleAdmin,
+	controlv1connect.ControlServiceListJoinTokensProcedure:  apiauth.RoleAdmin,
+	controlv1connect.ControlServiceRevokeJoinTokenProcedure: apiauth.RoleAdmin,
+	controlv1connect.ControlServiceAllowReenrollProcedure:   apiauth.RoleAdmin,
+
 	// Interactive tunnels (issue 19): a role of their own, above operator.
 	controlv1connect.ControlServiceOpenTunnelProcedure: apiauth.RoleTunnel,
 }

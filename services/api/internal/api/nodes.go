@@ -54,37 +54,15 @@ func (h *Handler) RegisterNode(ctx context.Context, req *connect.Request[control
 	if err != nil {
 		return nil, h.fail(ctx, "register node", err)
 	}
-	var site, pool *string
-	if m.GetSiteId() != "" {
-		site = &m.SiteId
-	}
-	if m.GetPoolId() != "" {
-		pool = &m.PoolId
-	}
-	spec := "{}"
-	if len(m.GetLabels()) > 0 {
-		spec = `{"labels":` + encodeLabels(m.GetLabels()) + `}`
-	}
 	var node *controlv1.Node
 	err = pgdb.InTx(ctx, h.db, func(tx pgx.Tx) error {
-		if pool != nil {
-			if err := tx.QueryRow(ctx, lockPoolSQL, *pool).Scan(new(int)); errors.Is(err, pgx.ErrNoRows) {
-				return notFound("pool_id", "pool", *pool)
-			} else if err != nil {
-				return err
-			}
-		}
-		tag, err := tx.Exec(ctx, insertNodeSQL, m.GetNodeId(), kind, site, pool, spec)
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() == 0 {
+		var err error
+		node, err = insertNode(ctx, tx, newNode{ID: m.GetNodeId(), Kind: kind, SiteID: m.GetSiteId(), PoolID: m.GetPoolId(),
+			Assigned: m.GetLabels()}, cred)
+		if errors.Is(err, errNodeExists) {
 			return connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("node_id: node %q already exists", m.GetNodeId()))
 		}
-		if _, err := tx.Exec(ctx, insertCredentialSQL, m.GetNodeId(), nodeauth.Hash(cred)); err != nil {
-			return err
-		}
-		if node, err = scanNode(tx.QueryRow(ctx, getNodeSQL, m.GetNodeId())); err != nil {
+		if err != nil {
 			return err
 		}
 		return h.recordAudit(ctx, tx, auditEvent{Method: "RegisterNode", TargetKind: "node", TargetID: node.GetId(),
@@ -94,6 +72,58 @@ func (h *Handler) RegisterNode(ctx context.Context, req *connect.Request[control
 		return nil, h.fail(ctx, "register node", err)
 	}
 	return connect.NewResponse(&controlv1.RegisterNodeResponse{Node: node, Credential: cred}), nil
+}
+
+// newNode is a node to create: RegisterNode's, or a machine's that joins
+// with a join token.
+type newNode struct {
+	ID, Kind       string
+	SiteID, PoolID string            // "" for none
+	Assigned       map[string]string // labels the control plane assigns (spec.labels)
+	Reported       map[string]string // labels the machine reports about itself
+}
+
+// errNodeExists is insertNode's answer for an id already taken.
+var errNodeExists = errors.New("node exists")
+
+// insertNode creates node n and its first credential cred (stored only as
+// its hash) in tx, and returns the node as GetNode shows it. A pool that
+// does not exist is NOT_FOUND naming pool_id (the pool stays locked against
+// deletion until tx ends); an id already taken is errNodeExists and writes
+// nothing. It is the one insert path of nodes: RegisterNode and Join both
+// use it.
+func insertNode(ctx context.Context, tx pgx.Tx, n newNode, cred string) (*controlv1.Node, error) {
+	var site, pool *string
+	if n.SiteID != "" {
+		site = &n.SiteID
+	}
+	if n.PoolID != "" {
+		pool = &n.PoolID
+		if err := tx.QueryRow(ctx, lockPoolSQL, *pool).Scan(new(int)); errors.Is(err, pgx.ErrNoRows) {
+			return nil, notFound("pool_id", "pool", *pool)
+		} else if err != nil {
+			return nil, fmt.Errorf("lock pool %s: %w", *pool, err)
+		}
+	}
+	spec := "{}"
+	if len(n.Assigned) > 0 {
+		spec = `{"labels":` + encodeLabels(n.Assigned) + `}`
+	}
+	tag, err := tx.Exec(ctx, insertNodeSQL, n.ID, n.Kind, site, pool, spec, encodeLabels(n.Reported))
+	if err != nil {
+		return nil, fmt.Errorf("insert node %s: %w", n.ID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return nil, errNodeExists
+	}
+	if _, err := tx.Exec(ctx, insertCredentialSQL, n.ID, nodeauth.Hash(cred)); err != nil {
+		return nil, fmt.Errorf("insert credential of node %s: %w", n.ID, err)
+	}
+	node, err := scanNode(tx.QueryRow(ctx, getNodeSQL, n.ID))
+	if err != nil {
+		return nil, fmt.Errorf("read node %s: %w", n.ID, err)
+	}
+	return node, nil
 }
 
 // RevokeNode revokes every credential of the node, marks it revoked and

@@ -1,5 +1,7 @@
 package api
 
+import "github.com/leasehold/leasehold/pkg/nodeauth"
+
 // ControlService's statements, one per purpose, always parameterised. Every
 // time comparison uses compute_now().
 
@@ -26,16 +28,19 @@ const listNodesSQL = nodeSelect + `
 // until the transaction ends.
 const lockPoolSQL = `SELECT 1 FROM pools WHERE id = $1 FOR KEY SHARE`
 
+// insertNodeSQL creates a node: $5 is its spec (assigned labels), $6 the
+// labels it reports about itself (Hello replaces them).
 const insertNodeSQL = `
-INSERT INTO nodes (id, kind, site_id, pool_id, spec) VALUES ($1, $2, $3, $4, $5::jsonb)
+INSERT INTO nodes (id, kind, site_id, pool_id, spec, labels) VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb)
 ON CONFLICT (id) DO NOTHING`
 
 const insertCredentialSQL = `INSERT INTO node_credentials (node_id, credential_hash) VALUES ($1, $2)`
 
 const lockNodeForRevokeSQL = `SELECT state FROM nodes WHERE id = $1 FOR UPDATE`
 
-const revokeCredentialsSQL = `
-UPDATE node_credentials SET revoked_at = compute_now() WHERE node_id = $1 AND revoked_at IS NULL`
+// revokeCredentialsSQL revokes every live credential of the node now, those
+// in a rotation's grace (revoked_at in the future) included.
+const revokeCredentialsSQL = nodeauth.RevokeLiveSQL
 
 const revokeNodeSQL = `UPDATE nodes SET state = 'revoked', updated_at = compute_now() WHERE id = $1`
 
