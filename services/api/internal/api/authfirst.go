@@ -6,12 +6,17 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1/controlv1connect"
+	"github.com/leasehold/leasehold/pkg/gen/leasehold/enroll/v1/enrollv1connect"
 )
+
+// enrollPathPrefix is the URL path prefix of every EnrollmentService call.
+const enrollPathPrefix = "/" + enrollv1connect.EnrollmentServiceName + "/"
 
 // authenticateFirst puts the bearer-token check in front of ControlService
 // at the HTTP layer: a call without a valid token, or whose role may not
@@ -22,9 +27,20 @@ import (
 // call's raw body is capped at maxMessage plus framing; the interceptor
 // checks the token again (defence in depth) and puts the identity in the
 // context.
+//
+// EnrollmentService (/leasehold.enroll.v1.EnrollmentService/) is the one
+// exception: its callers have no bearer token (Join carries a join token,
+// RotateCredential the node's credential, both checked by the handler), so
+// it passes without one, its raw body capped at enrollMaxMessageBytes plus
+// framing.
 func authenticateFirst(auth *authInterceptor, m *metrics, maxMessage int64, next http.Handler) http.Handler {
 	errs := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, enrollPathPrefix) {
+			r.Body = http.MaxBytesReader(w, r.Body, enrollMaxMessageBytes+64<<10)
+			next.ServeHTTP(w, r)
+			return
+		}
 		if _, err := auth.authorize(r.Context(), r.URL.Path, r.Header.Get("Authorization"), r.RemoteAddr); err != nil {
 			// Counted as the interceptor counts calls; a path that is no
 			// procedure is "unknown", so callers cannot mint label values.

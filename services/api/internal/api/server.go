@@ -3,6 +3,9 @@
 // gRPC-Web with binary and JSON codecs, on HTTP/1.1 and HTTP/2 (h2c, or
 // TLS). Every call needs a bearer token whose role permits it (auth.go);
 // every request is validated in full before any SQL runs (validate.go).
+// EnrollmentService (proto/leasehold/enroll/v1) is served on the same port
+// without a bearer token: its calls carry a join token or a node
+// credential (enroll.go).
 // The service is stateless: any number of replicas may serve side by side.
 package api
 
@@ -28,6 +31,7 @@ import (
 	"github.com/leasehold/leasehold/pkg/cmdwake"
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1/controlv1connect"
+	"github.com/leasehold/leasehold/pkg/gen/leasehold/enroll/v1/enrollv1connect"
 	"github.com/leasehold/leasehold/pkg/health"
 )
 
@@ -110,8 +114,17 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		connect.NewBidiStreamHandler(controlv1connect.ControlServiceOpenTunnelProcedure, s.handler.OpenTunnel,
 			connect.WithSchema(controlv1.File_leasehold_control_v1_control_proto.Services().ByName("ControlService").Methods().ByName("OpenTunnel")),
 			connect.WithHandlerOptions(handlerOpts...), connect.WithCompressMinBytes(math.MaxInt))))
+	// EnrollmentService beside it, without the bearer-token interceptor:
+	// its calls authenticate with what they carry (enroll.go).
+	enrollPath, enroll := enrollv1connect.NewEnrollmentServiceHandler(s.handler,
+		connect.WithInterceptors(otelInterceptor, m.interceptor()),
+		connect.WithReadMaxBytes(enrollMaxMessageBytes),
+		boundedGzip(enrollMaxMessageBytes),
+	)
+	mux.Handle(enrollPath, authenticateFirst(auth, m, int64(cfg.MaxMessageBytes), enroll))
 	mux.Handle(grpchealth.NewHandler(s.checker))
-	reflector := grpcreflect.NewStaticReflector(controlv1connect.ControlServiceName, grpchealth.HealthV1ServiceName)
+	reflector := grpcreflect.NewStaticReflector(controlv1connect.ControlServiceName, enrollv1connect.EnrollmentServiceName,
+		grpchealth.HealthV1ServiceName)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
 
