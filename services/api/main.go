@@ -6,13 +6,17 @@
 // LEASEHOLD_API_TOKENS. SIGTERM stops it gracefully.
 //
 // `leasehold-api token create --role <role>` prints a new random token and
-// its hashed tokens-file line, and exits.
+// its hashed tokens-file line, and exits. `leasehold-api join-token
+// create|ls|revoke` manages join tokens in the database (--database-url) and
+// exits; create prints the token on its first line.
 package main
 
 import (
 	"context"
 	"flag"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/grafana/dskit/services"
 
@@ -23,6 +27,12 @@ import (
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "token" {
 		os.Exit(api.TokenCommand(os.Args[2:], os.Stdout, os.Stderr))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "join-token" {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		code := api.JoinTokenCommand(ctx, os.Args[2:], os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
 	}
 	var cfg api.Config
 	process.Main(process.Spec{
