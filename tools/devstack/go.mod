@@ -3,10 +3,12 @@ module github.com/leasehold/leasehold/tools/devstack
 go 1.26.8
 
 require (
+	connectrpc.com/connect v1.21.1
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/leasehold/leasehold/migrations v0.0.0
 	github.com/leasehold/leasehold/pkg v0.0.0
 	github.com/stretchr/testify v1.12.1
+	google.golang.org/protobuf v1.36.12
 )
 
 require (
@@ -90,7 +92,6 @@ require (
 	google.golang.org/genproto/googleapis/api v0.0.0-20261110000943-09e21b237f2c // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c // indirect
 	google.golang.org/grpc v1.85.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/yaml.v2 v2.4.0 // indirect
 )
 
