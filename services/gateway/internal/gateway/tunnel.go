@@ -9,7 +9,9 @@ package gateway
 // writes it, then reads the next, so HTTP/2 flow control on both sides is
 // the only buffer and a slow side slows the other down. A tunnel holds no
 // state anywhere else: it dies with this gateway or the node's session and
-// the caller opens a new one.
+// the caller opens a new one. A shell's terminal size and TERM ride the
+// OpenTunnel; resizes go to the daemon and the shell's exit status comes
+// back in order with the bytes.
 
 import (
 	"context"
@@ -161,6 +163,50 @@ func validateRelayOpen(o *relayv1.RelayOpen) error {
 	default:
 		return errors.New("open.target must set port or shell")
 	}
+	_, shell := o.GetTarget().GetKind().(*controlv1.TunnelTarget_Shell)
+	if sz := o.GetTerminalSize(); sz != nil {
+		if !shell {
+			return errors.New("open.terminal_size: only a shell runs on a terminal")
+		}
+		if err := checkTerminalSize(sz); err != nil {
+			return fmt.Errorf("open.terminal_size: %w", err)
+		}
+	}
+	if t := o.GetTerm(); t != "" {
+		if o.GetTerminalSize() == nil {
+			return errors.New("open.term: set only with open.terminal_size")
+		}
+		if err := checkTerm(t); err != nil {
+			return fmt.Errorf("open.term: %w", err)
+		}
+	}
+	return nil
+}
+
+// maxTerminalCells bounds a terminal's rows and cols.
+const maxTerminalCells = 10000
+
+// checkTerminalSize says why sz is not a terminal size, if it is not.
+func checkTerminalSize(sz *nodev1.TerminalSize) error {
+	if sz.GetRows() < 1 || sz.GetRows() > maxTerminalCells || sz.GetCols() < 1 || sz.GetCols() > maxTerminalCells {
+		return fmt.Errorf("%dx%d: rows and cols must be in 1..%d", sz.GetRows(), sz.GetCols(), maxTerminalCells)
+	}
+	return nil
+}
+
+// checkTerm says why t is not a terminal name (1..64 bytes of
+// [A-Za-z0-9._+-]), if it is not.
+func checkTerm(t string) error {
+	if len(t) > 64 {
+		return fmt.Errorf("%d bytes, more than 64", len(t))
+	}
+	for _, c := range []byte(t) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '+', c == '-':
+		default:
+			return fmt.Errorf("%q is not a terminal name ([A-Za-z0-9._+-])", t)
+		}
+	}
 	return nil
 }
 
@@ -192,7 +238,7 @@ func (g *Gateway) RelayTunnel(ctx context.Context, api *relayStream) error {
 	}
 	defer g.releaseTunnel(t)
 	defer t.kill(connect.NewError(connect.CodeCanceled, fmt.Errorf("tunnel %s ended", t.id)))
-	msg := &nodev1.OpenTunnel{TunnelId: t.id, Token: t.token}
+	msg := &nodev1.OpenTunnel{TunnelId: t.id, Token: t.token, TerminalSize: open.GetTerminalSize(), Term: open.GetTerm()}
 	switch k := open.GetTarget().GetKind().(type) {
 	case *controlv1.TunnelTarget_Port:
 		msg.Target = &nodev1.OpenTunnel_Port{Port: k.Port}
@@ -277,11 +323,17 @@ func (g *Gateway) relay(ctx context.Context, t *tunnel, api *relayStream, d *dae
 				results <- result{"to_node", connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("data: %d bytes, more than %d per message", len(m.GetData()), maxTunnelChunk))}
 				return
 			}
-			if len(m.GetData()) == 0 {
+			if rs := m.GetResize(); rs != nil {
+				if err := checkTerminalSize(rs); err != nil {
+					results <- result{"to_node", connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("resize: %w", err))}
+					return
+				}
+			}
+			if len(m.GetData()) == 0 && m.GetResize() == nil {
 				continue
 			}
 			touch()
-			if err := d.stream.Send(&nodev1.TunnelResponse{Data: m.GetData()}); err != nil {
+			if err := d.stream.Send(&nodev1.TunnelResponse{Data: m.GetData(), Resize: m.GetResize()}); err != nil {
 				results <- result{"to_node", connect.NewError(connect.CodeUnavailable, fmt.Errorf("node %s's tunnel stream failed: %w", t.nodeID, err))}
 				return
 			}
@@ -304,11 +356,11 @@ func (g *Gateway) relay(ctx context.Context, t *tunnel, api *relayStream, d *dae
 				results <- result{"from_node", connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("node %s sent %d bytes in one tunnel message, more than %d", t.nodeID, len(m.GetData()), maxTunnelChunk))}
 				return
 			}
-			if len(m.GetData()) == 0 {
+			if len(m.GetData()) == 0 && m.GetShellExit() == nil {
 				continue
 			}
 			touch()
-			if err := api.Send(&relayv1.RelayTunnelResponse{Data: m.GetData()}); err != nil {
+			if err := api.Send(&relayv1.RelayTunnelResponse{Data: m.GetData(), ShellExit: m.GetShellExit()}); err != nil {
 				results <- result{"from_node", connect.NewError(connect.CodeCanceled, fmt.Errorf("the caller's side failed: %w", err))}
 				return
 			}
