@@ -1,0 +1,112 @@
+package nodeexec
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Defaults (docs/decisions.md, "Typed command kinds on the node").
+const (
+	DefaultMaxConcurrent = 8
+	DefaultKillGrace     = 10 * time.Second
+	DefaultFileMaxBytes  = 16 << 20
+	// DefaultRebootDelay is the delay of a reboot whose payload has none:
+	// time for the result to reach the gateway before the node goes down.
+	DefaultRebootDelay = 5 * time.Second
+	// ResultTailBytes is how much of a command's combined output its
+	// result keeps (the end); all of it is in the live output.
+	ResultTailBytes = 64 << 10
+)
+
+// DefaultRebootCommand is the argv run to reboot the node.
+var DefaultRebootCommand = []string{"systemctl", "reboot"}
+
+// Config is what an operator decides about the node's executor.
+type Config struct {
+	// MaxConcurrent bounds the exec and script commands running at once
+	// (8); the rest wait on the node in arrival order.
+	MaxConcurrent int
+	// KillGrace is how long a process group has between SIGTERM and
+	// SIGKILL when a command is cancelled or times out, or when processes
+	// are left in its group after its main process exited (10 s).
+	KillGrace time.Duration
+	// FileRoots are the absolute directories file.put and file.get may
+	// touch (a file inside one, at any depth, after resolving symlinks);
+	// none by default, which refuses every file command.
+	FileRoots []string
+	// FileMaxBytes bounds the file a file.put writes or a file.get reads
+	// (16 MiB).
+	FileMaxBytes int64
+	// AllowReboot lets the reboot kind reboot the node; off by default,
+	// which refuses it.
+	AllowReboot bool
+	// RebootCommand is the argv run to reboot (systemctl reboot).
+	RebootCommand []string
+	// Version is the agent version reported by facts; empty means the
+	// build's (pkg/buildinfo).
+	Version string
+}
+
+// DefaultConfig returns the defaults: 8 concurrent commands, a 10 s kill
+// grace, no file roots, 16 MiB files, reboot refused, systemctl reboot.
+func DefaultConfig() Config {
+	return Config{
+		MaxConcurrent: DefaultMaxConcurrent,
+		KillGrace:     DefaultKillGrace,
+		FileMaxBytes:  DefaultFileMaxBytes,
+		RebootCommand: append([]string(nil), DefaultRebootCommand...),
+	}
+}
+
+// RegisterFlags registers the executor's flags under prefix (for example
+// "" or "node."): exec.max-concurrent, exec.kill-grace, file.roots,
+// file.max-bytes, allow-reboot, reboot-command. The current values of c
+// are the flags' defaults.
+func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
+	f.IntVar(&c.MaxConcurrent, prefix+"exec.max-concurrent", c.MaxConcurrent, "exec and script commands running at once; the rest wait on the node")
+	f.DurationVar(&c.KillGrace, prefix+"exec.kill-grace", c.KillGrace, "time between SIGTERM and SIGKILL to a command's process group on cancel, timeout, or leftovers after it exits")
+	f.Func(prefix+"file.roots", "comma-separated absolute directories file.put and file.get may touch; empty refuses file commands", func(s string) error {
+		c.FileRoots = nil
+		for r := range strings.SplitSeq(s, ",") {
+			if r = strings.TrimSpace(r); r != "" {
+				c.FileRoots = append(c.FileRoots, r)
+			}
+		}
+		return nil
+	})
+	f.Int64Var(&c.FileMaxBytes, prefix+"file.max-bytes", c.FileMaxBytes, "largest file a file.put writes or a file.get reads")
+	f.BoolVar(&c.AllowReboot, prefix+"allow-reboot", c.AllowReboot, "let the reboot command kind reboot this node")
+	f.Func(prefix+"reboot-command", "the command run to reboot, its arguments separated by spaces (default \""+strings.Join(DefaultRebootCommand, " ")+"\")", func(s string) error {
+		c.RebootCommand = strings.Fields(s)
+		return nil
+	})
+}
+
+// Validate refuses a configuration the executor cannot honour, naming the
+// flag.
+func (c Config) Validate() error {
+	var errs []error
+	if c.MaxConcurrent < 1 {
+		errs = append(errs, fmt.Errorf("exec.max-concurrent must be at least 1, got %d", c.MaxConcurrent))
+	}
+	if c.KillGrace <= 0 || c.KillGrace > 10*time.Minute {
+		errs = append(errs, fmt.Errorf("exec.kill-grace must be in (0, 10m], got %s", c.KillGrace))
+	}
+	for _, r := range c.FileRoots {
+		if !filepath.IsAbs(r) || filepath.Clean(r) != r {
+			errs = append(errs, fmt.Errorf("file.roots: %s must be an absolute, clean directory", strconv.Quote(r)))
+		}
+	}
+	if c.FileMaxBytes < 1 {
+		errs = append(errs, fmt.Errorf("file.max-bytes must be at least 1, got %d", c.FileMaxBytes))
+	}
+	if c.AllowReboot && len(c.RebootCommand) == 0 {
+		errs = append(errs, errors.New("reboot-command must not be empty with allow-reboot"))
+	}
+	return errors.Join(errs...)
+}
