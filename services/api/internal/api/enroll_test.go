@@ -486,6 +486,11 @@ func TestEnrollServiceNeedsNoBearer(t *testing.T) {
 	require.Equal(t, "unauthenticated", body["code"])
 	require.Contains(t, body["message"], "join token unknown")
 
+	// A bearer token is not what authenticates a join: an admin's changes nothing.
+	status, body = b.postJSON(enrollv1connect.EnrollmentServiceJoinProcedure, adminToken, `{"token": "lhj_nope", "nodeId": "node-1"}`)
+	require.Equal(t, http.StatusUnauthorized, status)
+	require.Contains(t, body["message"], "join token unknown")
+
 	status, body = b.postJSON(controlv1connect.ControlServiceListJoinTokensProcedure, "", `{}`)
 	require.Equal(t, http.StatusUnauthorized, status)
 	require.Contains(t, body["message"], "missing bearer token")
