@@ -6,7 +6,9 @@ package api
 // gateway_relays), opens RelayTunnel there with the shared relay token and
 // relays the caller's bytes to it and back, one message at a time each way,
 // so HTTP/2 flow control is the only buffer. Every open (refused or not) and
-// every close is an audit_events row.
+// every close is an audit_events row. A shell may ask for a pseudo-terminal
+// (terminal_size, term); its resizes go to the node and how it ended
+// (shell_exit) comes back before the node's eof.
 
 import (
 	"context"
@@ -15,6 +17,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"regexp"
 	"sync/atomic"
 	"time"
 
@@ -24,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
+	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	relayv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/relay/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/relay/v1/relayv1connect"
 )
@@ -92,15 +96,47 @@ func validateTunnelOpen(m *controlv1.OpenTunnelRequest) (target string, err erro
 		if k.Port < 1 || k.Port > 65535 {
 			return "", invalid("open.target.port", "%d is not a TCP port (1..65535)", k.Port)
 		}
-		return fmt.Sprintf("port:%d", k.Port), nil
+		target = fmt.Sprintf("port:%d", k.Port)
 	case *controlv1.TunnelTarget_Shell:
 		if !k.Shell {
 			return "", invalid("open.target.shell", "must be true when set")
 		}
-		return "shell", nil
+		target = "shell"
 	default:
 		return "", invalid("open.target", "must set port or shell")
 	}
+	if sz := o.GetTerminalSize(); sz != nil {
+		if target != "shell" {
+			return "", invalid("open.terminal_size", "only a shell target runs on a terminal")
+		}
+		if err := checkTerminalSize("open.terminal_size", sz); err != nil {
+			return "", err
+		}
+	}
+	if t := o.GetTerm(); t != "" {
+		if o.GetTerminalSize() == nil {
+			return "", invalid("open.term", "set only with open.terminal_size (a shell on a terminal)")
+		}
+		if !termRE.MatchString(t) {
+			return "", invalid("open.term", "must be 1..64 bytes of [A-Za-z0-9._+-]")
+		}
+	}
+	return target, nil
+}
+
+// maxTerminalCells bounds a terminal's rows and cols.
+const maxTerminalCells = 10000
+
+// termRE is a TERM value: a plain terminal name.
+var termRE = regexp.MustCompile(`^[A-Za-z0-9._+-]{1,64}$`)
+
+// checkTerminalSize refuses a size whose rows or cols are outside
+// 1..maxTerminalCells, naming field.
+func checkTerminalSize(field string, sz *nodev1.TerminalSize) error {
+	if sz.GetRows() < 1 || sz.GetRows() > maxTerminalCells || sz.GetCols() < 1 || sz.GetCols() > maxTerminalCells {
+		return invalid(field, "%dx%d: rows and cols must be in 1..%d", sz.GetRows(), sz.GetCols(), maxTerminalCells)
+	}
+	return nil
 }
 
 // OpenTunnel relays a tunnel to a node through the gateway that holds its session.
@@ -159,7 +195,8 @@ func (h *Handler) OpenTunnel(ctx context.Context, stream *connect.BidiStream[con
 	if id, ok := IdentityFrom(ctx); ok {
 		actor = id.ID
 	}
-	if err := rs.Send(&relayv1.RelayTunnelRequest{Open: &relayv1.RelayOpen{NodeId: nodeID, Target: first.GetOpen().GetTarget(), Actor: actor}}); err != nil && !errors.Is(err, io.EOF) {
+	if err := rs.Send(&relayv1.RelayTunnelRequest{Open: &relayv1.RelayOpen{NodeId: nodeID, Target: first.GetOpen().GetTarget(), Actor: actor,
+		TerminalSize: first.GetOpen().GetTerminalSize(), Term: first.GetOpen().GetTerm()}}); err != nil && !errors.Is(err, io.EOF) {
 		return refuse(gatewayGone(gateway, "", err))
 	}
 	opened, err := rs.Receive()
@@ -179,14 +216,22 @@ func (h *Handler) OpenTunnel(ctx context.Context, stream *connect.BidiStream[con
 	}
 	if err := stream.Send(&controlv1.OpenTunnelResponse{Opened: opened.GetOpened()}); err != nil {
 		_ = rs.CloseRequest()
-		h.auditTunnelClose(ctx, nodeID, tunnelID, gateway, 0, 0, err)
+		h.auditTunnelClose(ctx, nodeID, tunnelID, gateway, 0, 0, nil, err)
 		return err
 	}
 
 	var toNode, fromNode atomic.Int64
+	pty := first.GetOpen().GetTerminalSize() != nil
 	up := make(chan error, 1)
 	// caller -> gateway
 	go func() {
+		// refuse ends the tunnel for a bad message of the caller's: the
+		// relay is cancelled, which ends the loop below, and err is what
+		// the caller gets.
+		refuse := func(err error) {
+			up <- err
+			cancel()
+		}
 		for {
 			m, err := stream.Receive()
 			if errors.Is(err, io.EOF) {
@@ -198,17 +243,27 @@ func (h *Handler) OpenTunnel(ctx context.Context, stream *connect.BidiStream[con
 				return
 			}
 			if m.GetOpen() != nil {
-				up <- invalid("open", "only the first message may set open")
+				refuse(invalid("open", "only the first message may set open"))
 				return
 			}
 			if len(m.GetData()) > maxTunnelChunk {
-				up <- invalid("data", "%d bytes, more than %d per message", len(m.GetData()), maxTunnelChunk)
+				refuse(invalid("data", "%d bytes, more than %d per message", len(m.GetData()), maxTunnelChunk))
 				return
 			}
-			if len(m.GetData()) == 0 {
+			if rz := m.GetResize(); rz != nil {
+				if !pty {
+					refuse(invalid("resize", "the tunnel has no terminal (its open set no terminal_size)"))
+					return
+				}
+				if err := checkTerminalSize("resize", rz); err != nil {
+					refuse(err)
+					return
+				}
+			}
+			if len(m.GetData()) == 0 && m.GetResize() == nil {
 				continue
 			}
-			if err := rs.Send(&relayv1.RelayTunnelRequest{Data: m.GetData()}); err != nil {
+			if err := rs.Send(&relayv1.RelayTunnelRequest{Data: m.GetData(), Resize: m.GetResize()}); err != nil {
 				// The real error is on the receive side, which ends the tunnel.
 				up <- nil
 				return
@@ -217,7 +272,10 @@ func (h *Handler) OpenTunnel(ctx context.Context, stream *connect.BidiStream[con
 		}
 	}()
 	// gateway -> caller, until the gateway ends the tunnel.
-	var failure error
+	var (
+		failure   error
+		shellExit *nodev1.ShellExit
+	)
 	for failure == nil {
 		m, err := rs.Receive()
 		if errors.Is(err, io.EOF) {
@@ -227,8 +285,11 @@ func (h *Handler) OpenTunnel(ctx context.Context, stream *connect.BidiStream[con
 			failure = gatewayGone(gateway, tunnelID, err)
 			break
 		}
-		if len(m.GetData()) > 0 || m.GetEof() {
-			if err := stream.Send(&controlv1.OpenTunnelResponse{Data: m.GetData(), Eof: m.GetEof()}); err != nil {
+		if m.GetShellExit() != nil {
+			shellExit = m.GetShellExit()
+		}
+		if len(m.GetData()) > 0 || m.GetEof() || m.GetShellExit() != nil {
+			if err := stream.Send(&controlv1.OpenTunnelResponse{Data: m.GetData(), Eof: m.GetEof(), ShellExit: m.GetShellExit()}); err != nil {
 				failure = connect.NewError(connect.CodeCanceled, fmt.Errorf("the caller's side failed: %w", err))
 				break
 			}
@@ -237,7 +298,9 @@ func (h *Handler) OpenTunnel(ctx context.Context, stream *connect.BidiStream[con
 	}
 	select {
 	case err := <-up:
-		if failure == nil {
+		// A bad message of the caller's (INVALID_ARGUMENT) is why the
+		// relay ended, whatever the relay's Receive said.
+		if failure == nil || connect.CodeOf(err) == connect.CodeInvalidArgument {
 			failure = err
 		}
 	default:
@@ -251,7 +314,7 @@ func (h *Handler) OpenTunnel(ctx context.Context, stream *connect.BidiStream[con
 		case <-time.After(tunnelEndWait):
 		}
 	}
-	h.auditTunnelClose(ctx, nodeID, tunnelID, gateway, toNode.Load(), fromNode.Load(), failure)
+	h.auditTunnelClose(ctx, nodeID, tunnelID, gateway, toNode.Load(), fromNode.Load(), shellExit, failure)
 	return failure
 }
 
@@ -278,11 +341,18 @@ func gatewayGone(gateway, tunnelID string, err error) error {
 	return connect.NewError(code, fmt.Errorf("tunnel %s ended: %s", tunnelID, msg))
 }
 
-// auditTunnelClose records a tunnel's end; it is written even when the
-// caller has gone (its context is done).
-func (h *Handler) auditTunnelClose(ctx context.Context, nodeID, tunnelID, gateway string, toNode, fromNode int64, failure error) {
+// auditTunnelClose records a tunnel's end, with how its shell ended when
+// the node said; it is written even when the caller has gone (its context
+// is done).
+func (h *Handler) auditTunnelClose(ctx context.Context, nodeID, tunnelID, gateway string, toNode, fromNode int64, shellExit *nodev1.ShellExit, failure error) {
 	ev := auditEvent{Method: "tunnel.close", TargetKind: "node", TargetID: nodeID, Outcome: "ok",
 		Detail: map[string]any{"tunnel_id": tunnelID, "gateway": gateway, "bytes_to_node": toNode, "bytes_from_node": fromNode}}
+	if shellExit != nil {
+		ev.Detail["shell_exit_code"] = shellExit.GetExitCode()
+		if sig := shellExit.GetSignal(); sig != "" {
+			ev.Detail["shell_signal"] = abbrev(sig)
+		}
+	}
 	if failure != nil {
 		ev.Outcome = connect.CodeOf(failure).String()
 		ev.Detail["error"] = abbrev(failure.Error())
