@@ -289,3 +289,35 @@ fuzz:
 		echo "== fuzz $$name ($$dir) for $(FUZZTIME)"; \
 		(cd $$dir && go test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) .); \
 	done
+
+# ---- packages (deploy/nfpm): leasehold-node as .deb and .rpm ----
+# nfpm is pinned as a tool directive in tools/go.mod, like buf. It runs from
+# the repository root (the package's file and script paths are relative
+# to it), so `go tool -n` gives the path of the binary it builds.
+DIST := $(CURDIR)/dist
+ARCH ?= $(shell go env GOARCH)
+# A package version both dpkg and rpm accept and order: VERSION without a
+# leading v, dashes made dots (v0.2.0-3-gabc1234 is 0.2.0.3.gabc1234); a
+# VERSION that is no x.y version (git describe of an untagged tree: a
+# commit) is 0.0.0+git.<commit>.
+PKG_VERSION := $(shell echo '$(VERSION)' | sed -E '/^v?[0-9]+\.[0-9]+/!s/^/0.0.0+git./; s/^v([0-9])/\1/; s/-/./g')
+PKG_BASE = $(DIST)/leasehold-node_$(PKG_VERSION)_$(ARCH)
+
+.PHONY: packages check-packages
+
+## packages: leasehold-node for ARCH (amd64|arm64, default the host's), static, into dist/ with its .deb and .rpm [VERSION=x.y.z]
+packages:
+	@set -e; mkdir -p $(DIST)/$(ARCH); \
+	echo "== leasehold-node $(VERSION) for linux/$(ARCH)"; \
+	(cd services/node && CGO_ENABLED=0 GOOS=linux GOARCH=$(ARCH) go build -trimpath -ldflags '-s -w $(LDFLAGS)' -o $(DIST)/$(ARCH)/leasehold-node .); \
+	GOWORK=off go -C tools tool nfpm --version >/dev/null; \
+	nfpm=$$(GOWORK=off go -C tools tool -n nfpm); \
+	for p in deb rpm; do \
+		LEASEHOLD_PKG_VERSION='$(PKG_VERSION)' LEASEHOLD_PKG_ARCH=$(ARCH) LEASEHOLD_PKG_BINARY=$(DIST)/$(ARCH)/leasehold-node \
+			$$nfpm package --config deploy/nfpm/leasehold-node.yaml --packager $$p --target $(PKG_BASE).$$p; \
+	done
+
+## check-packages: build the amd64 packages and check them (deploy/nfpm/check.sh: contents, modes, static binary, node.env, systemd-analyze verify, maintainer scripts, rpm -qp)
+check-packages:
+	@$(MAKE) --no-print-directory packages ARCH=amd64
+	deploy/nfpm/check.sh $(DIST)/leasehold-node_$(PKG_VERSION)_amd64.deb $(DIST)/leasehold-node_$(PKG_VERSION)_amd64.rpm amd64
