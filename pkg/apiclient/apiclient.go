@@ -87,7 +87,7 @@ type failedConn struct {
 	err error
 }
 
-func (c *failedConn) Send(any) error      { return c.err }
-func (c *failedConn) Receive(any) error   { return c.err }
+func (c *failedConn) Send(any) error       { return c.err }
+func (c *failedConn) Receive(any) error    { return c.err }
 func (c *failedConn) CloseRequest() error  { return nil }
 func (c *failedConn) CloseResponse() error { return nil }
