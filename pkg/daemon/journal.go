@@ -78,7 +78,7 @@ func (j *MemoryJournal) InFlight() []string {
 	return out
 }
 
-// What a FileJournal keeps (docs/node.md, "The journal").
+// What a FileJournal keeps (docs/node.md, "Install", State).
 //
 // The gateway sends a node a command again (on Hello, or after the
 // sweeper's ack timeout puts it back to pending) only while the command has
