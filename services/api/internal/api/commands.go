@@ -25,7 +25,7 @@ type createCommand struct {
 	key      *string
 }
 
-func validateCreateCommand(m *controlv1.CreateCommandRequest, defaultTimeout time.Duration) (createCommand, error) {
+func validateCreateCommand(m *controlv1.CreateCommandRequest, defaultTimeout time.Duration, maxPayload int) (createCommand, error) {
 	var c createCommand
 	if err := checkRE("node_id", m.GetNodeId(), idRE); err != nil {
 		return c, err
@@ -33,8 +33,8 @@ func validateCreateCommand(m *controlv1.CreateCommandRequest, defaultTimeout tim
 	if err := checkRE("kind", m.GetKind(), kindRE); err != nil {
 		return c, err
 	}
-	if len(m.GetPayload()) > maxPayloadBytes {
-		return c, invalid("payload", "must be at most %d bytes, got %d", maxPayloadBytes, len(m.GetPayload()))
+	if len(m.GetPayload()) > maxPayload {
+		return c, invalid("payload", "must be at most %d bytes (--api.max-payload-bytes), got %d", maxPayload, len(m.GetPayload()))
 	}
 	switch e := m.GetExpiry().(type) {
 	case *controlv1.CreateCommandRequest_Deadline:
@@ -72,7 +72,7 @@ func validateCreateCommand(m *controlv1.CreateCommandRequest, defaultTimeout tim
 // the database clock.
 func (h *Handler) CreateCommand(ctx context.Context, req *connect.Request[controlv1.CreateCommandRequest]) (*connect.Response[controlv1.CreateCommandResponse], error) {
 	m := req.Msg
-	c, err := validateCreateCommand(m, h.defaultTimeout)
+	c, err := validateCreateCommand(m, h.defaultTimeout, h.maxPayload)
 	if err != nil {
 		return nil, err
 	}

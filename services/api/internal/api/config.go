@@ -37,6 +37,10 @@ type Config struct {
 	TLSCert, TLSKey string
 	// MaxMessageBytes refuses larger requests with RESOURCE_EXHAUSTED.
 	MaxMessageBytes int
+	// MaxPayloadBytes bounds a command's payload (CreateCommand,
+	// INVALID_ARGUMENT past it); at most MaxMessageBytes less 64 KiB of
+	// envelope.
+	MaxPayloadBytes int
 	// DefaultCommandTimeout is a command's life when the request sets none.
 	DefaultCommandTimeout time.Duration
 	// WaitPollInterval is how often WaitCommand checks its commands when no
@@ -61,6 +65,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.StringVar(&c.TLSCert, prefix+"api.tls-cert", "", "TLS certificate of --listen-addr (PEM); with --api.tls-key")
 	f.StringVar(&c.TLSKey, prefix+"api.tls-key", "", "TLS key of --listen-addr (PEM)")
 	f.IntVar(&c.MaxMessageBytes, prefix+"api.max-message-bytes", 4<<20, "largest request message accepted")
+	f.IntVar(&c.MaxPayloadBytes, prefix+"api.max-payload-bytes", maxPayloadBytes, "largest command payload accepted (a file.put's content travels in it, base64 in its JSON); at most --api.max-message-bytes less 64 KiB, and the gateways' --gateway.max-message-bytes must carry it")
 	f.DurationVar(&c.DefaultCommandTimeout, prefix+"api.default-command-timeout", time.Hour, "life of a command created without deadline or timeout")
 	f.DurationVar(&c.WaitPollInterval, prefix+"api.wait-poll-interval", time.Second, "how often WaitCommand checks for finished commands when no notification comes (gateways NOTIFY when they finish commands)")
 	f.DurationVar(&c.ShutdownGrace, prefix+"api.shutdown-grace", 10*time.Second, "how long in-flight calls may finish on SIGTERM")
@@ -83,6 +88,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxMessageBytes < 1024 || c.MaxMessageBytes > 64<<20 {
 		errs = append(errs, fmt.Errorf("--api.max-message-bytes %d must be in 1024..%d", c.MaxMessageBytes, 64<<20))
+	}
+	if c.MaxPayloadBytes < 1024 || c.MaxPayloadBytes > c.MaxMessageBytes-64<<10 {
+		errs = append(errs, fmt.Errorf("--api.max-payload-bytes %d must be in 1024..--api.max-message-bytes less 64 KiB (%d)", c.MaxPayloadBytes, c.MaxMessageBytes-64<<10))
 	}
 	if c.DefaultCommandTimeout < MinCommandTimeout || c.DefaultCommandTimeout > MaxCommandTimeout {
 		errs = append(errs, fmt.Errorf("--api.default-command-timeout %s must be in %s..%s", c.DefaultCommandTimeout, MinCommandTimeout, MaxCommandTimeout))

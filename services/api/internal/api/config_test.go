@@ -25,6 +25,11 @@ func TestConfigValidateNamesFlags(t *testing.T) {
 		require.ErrorContains(t, err, want)
 	}
 	bad = c
+	bad.MaxPayloadBytes = bad.MaxMessageBytes
+	require.ErrorContains(t, bad.Validate(), "--api.max-payload-bytes", "a payload must leave room for its message")
+	bad.MaxMessageBytes, bad.MaxPayloadBytes = 16<<20, 15<<20
+	require.NoError(t, bad.Validate(), "a larger payload with a larger message")
+	bad = c
 	bad.Tokens = "admin:too-short"
 	require.ErrorContains(t, bad.Validate(), "LEASEHOLD_API_TOKENS line 1")
 	require.NotContains(t, bad.Validate().Error(), "too-short")

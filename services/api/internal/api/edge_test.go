@@ -168,27 +168,27 @@ func TestInvalidArgumentsWriteNothing(t *testing.T) {
 			return err
 		}},
 		{"command zero timeout", "timeout", func() error {
-			_, err := o.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Expiry: &controlv1.CreateCommandRequest_Timeout{Timeout: durationpb.New(0)}}))
+			_, err := o.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`), Expiry: &controlv1.CreateCommandRequest_Timeout{Timeout: durationpb.New(0)}}))
 			return err
 		}},
 		{"command long timeout", "timeout", func() error {
-			_, err := o.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Expiry: &controlv1.CreateCommandRequest_Timeout{Timeout: durationpb.New(8 * 24 * time.Hour)}}))
+			_, err := o.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`), Expiry: &controlv1.CreateCommandRequest_Timeout{Timeout: durationpb.New(8 * 24 * time.Hour)}}))
 			return err
 		}},
 		{"command invalid timeout", "timeout", func() error {
-			_, err := o.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Expiry: &controlv1.CreateCommandRequest_Timeout{Timeout: &durationpb.Duration{Seconds: 5, Nanos: -1}}}))
+			_, err := o.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`), Expiry: &controlv1.CreateCommandRequest_Timeout{Timeout: &durationpb.Duration{Seconds: 5, Nanos: -1}}}))
 			return err
 		}},
 		{"command past deadline", "deadline", func() error {
-			_, err := o.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Expiry: &controlv1.CreateCommandRequest_Deadline{Deadline: timestamppb.New(time.Now().Add(-time.Hour))}}))
+			_, err := o.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`), Expiry: &controlv1.CreateCommandRequest_Deadline{Deadline: timestamppb.New(time.Now().Add(-time.Hour))}}))
 			return err
 		}},
 		{"command far deadline", "deadline", func() error {
-			_, err := o.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Expiry: &controlv1.CreateCommandRequest_Deadline{Deadline: timestamppb.New(time.Now().Add(30 * 24 * time.Hour))}}))
+			_, err := o.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`), Expiry: &controlv1.CreateCommandRequest_Deadline{Deadline: timestamppb.New(time.Now().Add(30 * 24 * time.Hour))}}))
 			return err
 		}},
 		{"command invalid deadline", "deadline", func() error {
-			_, err := o.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Expiry: &controlv1.CreateCommandRequest_Deadline{Deadline: &timestamppb.Timestamp{Seconds: 1 << 60}}}))
+			_, err := o.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "node-1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`), Expiry: &controlv1.CreateCommandRequest_Deadline{Deadline: &timestamppb.Timestamp{Seconds: 1 << 60}}}))
 			return err
 		}},
 		{"command bad key", "idempotency_key", func() error {
@@ -491,8 +491,26 @@ func TestInvalidArgumentsWriteNothing(t *testing.T) {
 			_, err := a.ListAuditEvents(ctx, connect.NewRequest(&controlv1.ListAuditEventsRequest{PageToken: "bm90LWEtdG9rZW4"}))
 			return err
 		}},
+		// Join tokens and re-enrolment
+		{"join token short ttl", "ttl", func() error {
+			_, err := a.CreateJoinToken(ctx, connect.NewRequest(&controlv1.CreateJoinTokenRequest{Ttl: durationpb.New(time.Second)}))
+			return err
+		}},
+		{"join token uses", "max_uses", func() error {
+			_, err := a.CreateJoinToken(ctx, connect.NewRequest(&controlv1.CreateJoinTokenRequest{MaxUses: -1}))
+			return err
+		}},
+		{"revoke join token id", "id", func() error {
+			_, err := a.RevokeJoinToken(ctx, connect.NewRequest(&controlv1.RevokeJoinTokenRequest{Id: "a b"}))
+			return err
+		}},
+		{"reenroll node id", "node_id", func() error {
+			_, err := a.AllowReenroll(ctx, connect.NewRequest(&controlv1.AllowReenrollRequest{NodeId: "a b"}))
+			return err
+		}},
 	}
-	covered := map[string]bool{"ListSinks": true, "ListGateways": true}
+	// ListJoinTokens has only a flag: nothing to refuse.
+	covered := map[string]bool{"ListSinks": true, "ListGateways": true, "ListJoinTokens": true}
 	for _, tc := range cases {
 		err := tc.call()
 		ce := requireConnectError(t, err, connect.CodeInvalidArgument, tc.name)

@@ -32,6 +32,7 @@ type Handler struct {
 	waiter         *waiter
 	wake           *cmdwake.Notifier
 	defaultTimeout time.Duration
+	maxPayload     int // --api.max-payload-bytes
 	// sinkEgress judges sink URLs at creation (the worker judges the
 	// resolved address again at delivery).
 	sinkEgress egress.Policy

@@ -63,6 +63,7 @@ func setupWith(t *testing.T, deps func(*Deps), opts ...func(*Config, *http.Trans
 		ListenAddr:            "127.0.0.1:0",
 		Tokens:                "admin:" + adminToken + ",operator:" + operatorToken + "\nviewer:" + viewerToken,
 		MaxMessageBytes:       4 << 20,
+		MaxPayloadBytes:       maxPayloadBytes,
 		DefaultCommandTimeout: time.Hour,
 		WaitPollInterval:      20 * time.Millisecond,
 		ShutdownGrace:         5 * time.Second,

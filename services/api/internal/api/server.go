@@ -90,7 +90,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		return nil, err
 	}
 	s.handler = &Handler{db: deps.DB, log: log, waiter: s.waiter, wake: cmdwake.New(deps.DB, cmdwake.DefaultInterval, log),
-		defaultTimeout: cfg.DefaultCommandTimeout, sinkEgress: cfg.SinkEgress, relay: relay}
+		defaultTimeout: cfg.DefaultCommandTimeout, maxPayload: cfg.MaxPayloadBytes, sinkEgress: cfg.SinkEgress, relay: relay}
 	m := newMetrics(deps.Registry, s.waiter)
 
 	otelInterceptor, err := newTraceInterceptor(deps.Tracer)
