@@ -183,7 +183,8 @@ func coded(code string, format string, args ...any) error {
 func outcomeOf(err error) daemon.Outcome {
 	var ce *codeError
 	if errors.As(err, &ce) {
-		return daemon.Outcome{ExitCode: -1, Err: err.Error()}
+		// The code goes first, before the context wrapped around it.
+		return daemon.Outcome{ExitCode: -1, Err: ce.code + ": " + strings.Replace(err.Error(), ce.code+": ", "", 1)}
 	}
 	code := CodeIOError
 	switch {

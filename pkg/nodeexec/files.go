@@ -29,7 +29,7 @@ type FileInfo struct {
 // allowed refuses a path outside the roots. p is absolute and clean.
 func (e *Executor) allowed(p string) error {
 	if len(e.roots) == 0 {
-		return coded(CodePathNotAllowed, "%s: file commands are refused on this node: no --file.roots configured", p)
+		return coded(CodePathNotAllowed, "file commands are refused on this node: no --file.roots configured")
 	}
 	for _, r := range e.roots {
 		if r == "/" || p == r || strings.HasPrefix(p, r+"/") {
