@@ -208,8 +208,28 @@ const (
 // runProcess runs spec in a process group of its own and reports how it
 // ended. It waits for a slot first.
 func (e *Executor) runProcess(ctx context.Context, log *slog.Logger, spec runSpec) daemon.Outcome {
+	// A command waits for a slot until its deadline at most; its own
+	// timeout counts from when it starts.
+	queueCtx, cancelQueue := ctx, context.CancelFunc(func() {})
+	if !spec.deadline.IsZero() {
+		queueCtx, cancelQueue = context.WithDeadline(ctx, spec.deadline)
+	}
+	defer cancelQueue()
+	select {
+	case e.slots <- struct{}{}:
+	case <-queueCtx.Done():
+		if ctx.Err() != nil {
+			return daemon.Outcome{ExitCode: -1, Err: "cancelled before it started"}
+		}
+		return daemon.Outcome{ExitCode: -1, Err: fmt.Sprintf("deadline passed before it started (waiting for one of the %d running commands to end)", cap(e.slots))}
+	}
+	defer func() { <-e.slots }()
+	if ctx.Err() != nil { // a slot and the cancel came together
+		return daemon.Outcome{ExitCode: -1, Err: "cancelled before it started"}
+	}
+
 	// Time limit: the payload's timeout and the command's deadline,
-	// whichever comes first, counted from now (before the queue).
+	// whichever comes first.
 	runCtx, cancelRun := ctx, context.CancelFunc(func() {})
 	limit := spec.timeout
 	byDeadline := false
@@ -222,16 +242,6 @@ func (e *Executor) runProcess(ctx context.Context, log *slog.Logger, spec runSpe
 		runCtx, cancelRun = context.WithTimeout(ctx, limit)
 	}
 	defer cancelRun()
-
-	select {
-	case e.slots <- struct{}{}:
-	case <-runCtx.Done():
-		if ctx.Err() != nil {
-			return daemon.Outcome{ExitCode: -1, Err: "cancelled before it started"}
-		}
-		return daemon.Outcome{ExitCode: -1, Err: fmt.Sprintf("timed out after %s before it started (waiting for one of %d running commands to end)", limit.Round(time.Millisecond), cap(e.slots))}
-	}
-	defer func() { <-e.slots }()
 
 	id, err := resolveIdentity(spec.user, spec.group)
 	if err != nil {

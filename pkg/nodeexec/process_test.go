@@ -299,6 +299,11 @@ func TestCancelWhileQueued(t *testing.T) {
 	o := queued.wait(t)
 	require.Equal(t, int32(-1), o.ExitCode)
 	require.Equal(t, "cancelled before it started", o.Err)
+	// One whose deadline passes while it waits ends then.
+	late := start(t, e, "exec", execPayload(t, "touch", ran), time.Now().Add(200*time.Millisecond))
+	o = late.wait(t)
+	require.Equal(t, int32(-1), o.ExitCode)
+	require.Equal(t, "deadline passed before it started (waiting for one of the 1 running commands to end)", o.Err)
 	first.cancel()
 	first.wait(t)
 	require.NoFileExists(t, ran)
