@@ -2,7 +2,7 @@
 # the workspace modules, because `go test ./...` at the root reaches none of them.
 SHELL := /bin/bash
 MODULES := $(shell go list -m -f '{{.Dir}}')
-SERVICES := worker scheduler gateway api site-agent doctor
+SERVICES := worker scheduler gateway api site-agent doctor node
 BIN := $(CURDIR)/bin
 # buf and the protoc plugins are pinned as tool directives in tools/go.mod,
 # a module kept out of go.work so buf's dependencies never change the
@@ -23,7 +23,7 @@ LDFLAGS := -X github.com/leasehold/leasehold/pkg/buildinfo.version=$(VERSION) -X
 build:
 	@mkdir -p $(BIN)
 	@for s in $(SERVICES); do \
-		(cd services/$$s && go build -ldflags '$(LDFLAGS)' -o $(BIN)/leasehold-$$s .) || exit 1; \
+		(cd services/$$s && CGO_ENABLED=0 go build -ldflags '$(LDFLAGS)' -o $(BIN)/leasehold-$$s .) || exit 1; \
 	done
 
 ## test: run every module's tests against a real PostgreSQL (see pkg/pgtest);
