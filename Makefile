@@ -305,11 +305,14 @@ PKG_BASE = $(DIST)/leasehold-node_$(PKG_VERSION)_$(ARCH)
 
 .PHONY: packages check-packages
 
+# The binary is built like `make build` builds it (CGO_ENABLED=0, the same
+# flags but for the linker's -s -w, which strip it), so both share the
+# build cache: CI pays for compiling the agent once.
 ## packages: leasehold-node for ARCH (amd64|arm64, default the host's), static, into dist/ with its .deb and .rpm [VERSION=x.y.z]
 packages:
 	@set -e; mkdir -p $(DIST)/$(ARCH); \
 	echo "== leasehold-node $(VERSION) for linux/$(ARCH)"; \
-	(cd services/node && CGO_ENABLED=0 GOOS=linux GOARCH=$(ARCH) go build -trimpath -ldflags '-s -w $(LDFLAGS)' -o $(DIST)/$(ARCH)/leasehold-node .); \
+	(cd services/node && CGO_ENABLED=0 GOOS=linux GOARCH=$(ARCH) go build -ldflags '-s -w $(LDFLAGS)' -o $(DIST)/$(ARCH)/leasehold-node .); \
 	GOWORK=off go -C tools tool nfpm --version >/dev/null; \
 	nfpm=$$(GOWORK=off go -C tools tool -n nfpm); \
 	for p in deb rpm; do \
