@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/leasehold/leasehold/pkg/daemon"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
@@ -237,7 +238,9 @@ func (e *Executor) fileGetErr(ctx context.Context, path string) (FileInfo, error
 	if err := e.allowedResolved(path); err != nil {
 		return FileInfo{}, err
 	}
-	f, err := os.Open(path)
+	// O_NONBLOCK: opening a FIFO must not wait for a writer; on a regular
+	// file it changes nothing.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
 		return FileInfo{}, err
 	}

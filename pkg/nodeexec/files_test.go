@@ -148,7 +148,9 @@ func TestFileGetRefusals(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(outside, "secret"), []byte("s"), 0o600))
 	require.NoError(t, os.Symlink(filepath.Join(outside, "secret"), filepath.Join(root, "link")))
 	require.NoError(t, os.WriteFile(filepath.Join(root, "big"), make([]byte, 11), 0o600))
+	require.NoError(t, syscall.Mkfifo(filepath.Join(root, "fifo"), 0o600))
 	for _, c := range []struct{ path, code string }{
+		{filepath.Join(root, "fifo"), "not_regular_file: "},
 		{filepath.Join(root, "missing"), "not_found: "},
 		{filepath.Join(outside, "secret"), "path_not_allowed: "},
 		{filepath.Join(root, "link"), "path_not_allowed: "},

@@ -251,6 +251,14 @@ func TestScript(t *testing.T) {
 	require.NoFileExists(t, fields[0])
 	require.NoDirExists(t, filepath.Dir(fields[0]))
 
+	if os.Geteuid() == 0 {
+		// As another user the private directory is that user's.
+		o, _ = handle(t, e, "script", mustJSON(t, map[string]any{"interpreter": "/bin/sh", "user": "nobody",
+			"script": "id -un; stat -c %U \"$(dirname \"$0\")\" \"$0\""}))
+		require.Equal(t, int32(0), o.ExitCode, o.Err)
+		require.Equal(t, "nobody\nnobody\nnobody\n", string(o.Output))
+	}
+
 	o, _ = handle(t, e, "script", mustJSON(t, map[string]any{"interpreter": "no-such-interpreter-leasehold", "script": "x"}))
 	require.Equal(t, int32(-1), o.ExitCode)
 	require.True(t, strings.HasPrefix(o.Err, "not_found: "), o.Err)
