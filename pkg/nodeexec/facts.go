@@ -86,7 +86,7 @@ var pseudoFS = map[string]bool{
 	"cgroup": true, "cgroup2": true, "pstore": true, "bpf": true, "debugfs": true, "tracefs": true,
 	"mqueue": true, "hugetlbfs": true, "configfs": true, "fusectl": true, "autofs": true, "binfmt_misc": true,
 	"rpc_pipefs": true, "nsfs": true, "ramfs": true, "efivarfs": true, "selinuxfs": true, "squashfs": true,
-	"nfsd": true, "fuse.gvfsd-fuse": true, "fuse.lxcfs": true, "overlay-pseudo": true,
+	"nfsd": true, "fuse.gvfsd-fuse": true, "fuse.lxcfs": true,
 }
 
 func (e *Executor) facts() daemon.Outcome {

@@ -131,9 +131,9 @@ func TestReboot(t *testing.T) {
 
 	flagFile := t.TempDir() + "/rebooted"
 	e = newExecutor(t, func(c *Config) { c.AllowReboot, c.RebootCommand = true, []string{"touch", flagFile} })
-	o, _ = handle(t, e, "reboot", `{"delay":"0.3s","reason":"test"}`)
+	o, _ = handle(t, e, "reboot", `{"delay":"2s","reason":"test"}`)
 	require.Equal(t, int32(0), o.ExitCode, o.Err)
-	require.Equal(t, "reboot in 300ms: touch "+flagFile+"\n", string(o.Output))
+	require.Equal(t, "reboot in 2s: touch "+flagFile+"\n", string(o.Output))
 	require.NoFileExists(t, flagFile, "the result comes before the reboot")
 	again, _ := handle(t, e, "reboot", `{}`)
 	require.Equal(t, int32(0), again.ExitCode, again.Err)

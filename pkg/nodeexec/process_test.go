@@ -271,7 +271,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	e := newExecutor(t, func(c *Config) { c.MaxConcurrent = 2 })
 	dir := t.TempDir()
 	// Each command registers itself, counts who is running, and leaves.
-	script := `touch "$1/run.$$"; ls "$1" | grep -c '^run\.' >> "$1/counts"; sleep 0.3; rm "$1/run.$$"`
+	script := `touch "$1/run.$$"; ls "$1" | grep -c '^run\.' >> "$1/counts"; sleep 0.5; rm "$1/run.$$"`
 	var runs []*run
 	for range 6 {
 		runs = append(runs, start(t, e, "exec", execPayload(t, "sh", "-c", script, "sh", dir)))
