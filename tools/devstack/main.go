@@ -130,10 +130,18 @@ func run(logger *slog.Logger, o options) error {
 	if err != nil {
 		return err
 	}
+	base, _ := o.healthBase.explicit()
+	if base == 0 {
+		base = o.healthBase.def
+	}
+	nodes, err := planNodes(o, picker, base)
+	if err != nil {
+		return err
+	}
 	for _, n := range picker.notes {
 		logger.Warn(n)
 	}
-	return runServices(ctx, logger, o, stack, url)
+	return runServices(ctx, logger, o, stack, nodes, url)
 }
 
 // startCluster starts (or finds running) the .dev cluster on its port:
@@ -259,7 +267,7 @@ func planServices(o options, picker *portPicker) ([]service, error) {
 	return stack, nil
 }
 
-func runServices(ctx context.Context, logger *slog.Logger, o options, stack []service, url string) error {
+func runServices(ctx context.Context, logger *slog.Logger, o options, stack []service, nodes []devNode, url string) error {
 	// Tunnels work out of the box: the gateway relays on a free loopback
 	// port it publishes, the api dials it with the shared token.
 	f, err := os.CreateTemp("", "leasehold-dev-relay-token-*")
@@ -277,7 +285,11 @@ func runServices(ctx context.Context, logger *slog.Logger, o options, stack []se
 	}
 	env := append(os.Environ(), "LEASEHOLD_DATABASE_URL="+url, "LEASEHOLD_HEALTH_TOKEN="+devToken,
 		"LEASEHOLD_API_TOKENS=admin:"+apiToken, "LEASEHOLD_GATEWAY_RELAY_LISTEN_ADDR=127.0.0.1:0",
-		"LEASEHOLD_GATEWAY_RELAY_TOKEN_FILE="+relayFile, "LEASEHOLD_API_RELAY_TOKEN_FILE="+relayFile)
+		"LEASEHOLD_GATEWAY_RELAY_TOKEN_FILE="+relayFile, "LEASEHOLD_API_RELAY_TOKEN_FILE="+relayFile,
+		// A dev gateway drains its nodes within seconds (production spreads
+		// the reconnects of a large fleet over a minute), so Ctrl-C stops
+		// the stack well inside each child's stop grace.
+		"LEASEHOLD_GATEWAY_DRAIN_MAX_DELAY=2s", "LEASEHOLD_GATEWAY_DRAIN_GRACE=1s")
 	runCtx, stopAll := context.WithCancel(ctx)
 	defer stopAll()
 	var wg sync.WaitGroup
@@ -312,7 +324,40 @@ func runServices(ctx context.Context, logger *slog.Logger, o options, stack []se
 			return err
 		}
 	}
-	printEndpoints(stack, url)
+	byName := map[string]service{}
+	for _, s := range stack {
+		byName[s.name] = s
+	}
+	if err := enrollNodes(runCtx, logger, o, byName["api"].listen, nodes); err != nil {
+		return err
+	}
+	nodeCtx, stopNodes := context.WithCancel(runCtx)
+	var nodeWG sync.WaitGroup
+	children, err := nodeChildren(o, logger, byName["gateway"].listen, nodes)
+	if err != nil {
+		stopNodes()
+		return err
+	}
+	for _, c := range children {
+		nodeWG.Go(func() {
+			if err := c.run(nodeCtx); err != nil {
+				failed <- err
+			}
+		})
+	}
+	// Deferred after the services' stop, so it runs first: the nodes end
+	// their sessions before the gateway drains.
+	defer func() { stopNodes(); nodeWG.Wait() }()
+	readyCtx, cancelReady := context.WithTimeout(runCtx, time.Minute)
+	err = waitNodesReady(readyCtx, nodes)
+	cancelReady()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	printEndpoints(stack, nodes, url)
 
 	var timeout <-chan time.Time
 	if o.exitAfter > 0 {
@@ -329,7 +374,18 @@ func runServices(ctx context.Context, logger *slog.Logger, o options, stack []se
 	}
 }
 
-func printEndpoints(stack []service, url string) {
+// tryExec is the quick start's command: uname -a on a dev node, created
+// with CreateCommand and awaited with WaitCommand (output is base64, as
+// protobuf JSON writes bytes).
+const tryExec = `  API=http://API_ADDR/leasehold.control.v1.ControlService AUTH='Authorization: Bearer TOKEN'
+  ID=$(curl -s -H "$AUTH" -H 'Content-Type: application/json' $API/CreateCommand \
+    -d '{"nodeId":"NODE","kind":"exec","payload":"'$(printf '{"argv":["uname","-a"]}' | base64 -w0)'"}' \
+    | sed 's/.*"id":"\([^"]*\)".*/\1/')
+  curl -s -H "$AUTH" -H 'Content-Type: application/json' $API/WaitCommand -d '{"commandId":"'$ID'"}'
+
+`
+
+func printEndpoints(stack []service, nodes []devNode, url string) {
 	byName := map[string]service{}
 	fmt.Println()
 	fmt.Println("leasehold is running. Endpoints:")
@@ -343,7 +399,13 @@ func printEndpoints(stack []service, url string) {
 	fmt.Printf("\nTry the api (admin token %q):\n", apiToken)
 	fmt.Printf("  curl -s -H 'Authorization: Bearer %s' -H 'Content-Type: application/json' -d '{}' \\\n"+
 		"    http://%s/leasehold.control.v1.ControlService/ListWorkers\n", apiToken, byName["api"].listen)
-	fmt.Printf("  bin/leasehold-doctor check --database-url '%s'\n\n", url)
+	fmt.Printf("  bin/leasehold-doctor check --database-url '%s'\n", url)
+	fmt.Printf("\nNodes (leasehold-node, label %s), state under %s:\n", devFleetLabel, filepath.Dir(nodes[0].stateDir))
+	for _, n := range nodes {
+		fmt.Printf("  %-10s http://%s/readyz  /healthz/detail\n", n.id, n.health)
+	}
+	fmt.Printf("\nRun a command on %s (docs/node.md):\n", nodes[0].id)
+	fmt.Print(strings.NewReplacer("API_ADDR", byName["api"].listen, "TOKEN", apiToken, "NODE", nodes[0].id).Replace(tryExec))
 	fmt.Println("A service that exits is restarted (see the log). Press Ctrl-C to stop.")
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -16,8 +17,13 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/durationpb"
 
+	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
+	"github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1/controlv1connect"
 	"github.com/leasehold/leasehold/pkg/pglocal"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 	"github.com/leasehold/leasehold/pkg/proctest"
@@ -79,12 +85,12 @@ func TestEveryServiceStartsServesHealthAndStopsOnSIGTERM(t *testing.T) {
 	}
 }
 
-// devstackBins builds the four services of the stack into one directory,
-// named as `make build` names them, and devstack itself.
+// devstackBins builds the four services of the stack and the node agent
+// into one directory, named as `make build` names them, and devstack itself.
 func devstackBins(t *testing.T) (binDir, devstack string) {
 	t.Helper()
 	binDir = t.TempDir()
-	for _, name := range []string{"worker", "scheduler", "gateway", "api"} {
+	for _, name := range []string{"worker", "scheduler", "gateway", "api", "node"} {
 		require.NoError(t, os.Symlink(proctest.Build(t, "../../services/"+name), filepath.Join(binDir, "leasehold-"+name)))
 	}
 	return binDir, proctest.Build(t, ".")
@@ -110,8 +116,10 @@ func freePort(t *testing.T) int {
 
 // TestDevstackRestartsAKilledServiceAndStopsCleanly: `make run`'s stack
 // against a real database. A busy default port is replaced (and said so);
-// a service killed with SIGKILL is restarted and serves again; SIGTERM
-// stops every service and devstack exits 0, leaving no child behind.
+// its two nodes join with a join token and run a real command; a service
+// killed with SIGKILL is restarted and serves again; SIGTERM stops every
+// service and node, devstack exits 0, leaving no child behind and no lease
+// held.
 func TestDevstackRestartsAKilledServiceAndStopsCleanly(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the whole stack")
@@ -124,7 +132,7 @@ func TestDevstackRestartsAKilledServiceAndStopsCleanly(t *testing.T) {
 	}
 	apiPort, gwPort := freePort(t), freePort(t)
 	p := proctest.Start(t, "devstack", bin, []string{"LEASEHOLD_DATABASE_URL=" + directURL(t, db)},
-		"-bin", binDir, "-restart-backoff", "100ms", "-restart-backoff-max", "2s",
+		"-bin", binDir, "-dir", t.TempDir(), "-restart-backoff", "100ms", "-restart-backoff-max", "2s",
 		"-api-port", fmt.Sprint(apiPort), "-gateway-port", fmt.Sprint(gwPort))
 	require.Eventually(t, func() bool { return strings.Contains(p.Logs(), "leasehold is running") || p.Exited() },
 		3*time.Minute, 100*time.Millisecond)
@@ -137,6 +145,8 @@ func TestDevstackRestartsAKilledServiceAndStopsCleanly(t *testing.T) {
 	require.NotNil(t, m, logs)
 	workerHealth := m[1]
 	require.NotEqual(t, "127.0.0.1:9101", workerHealth)
+	require.Equal(t, 2, strings.Count(logs, `msg="dev node joined"`), logs)
+	runOnDevNode(t, apiPort)
 
 	startedRE := regexp.MustCompile(`msg="service started" service=worker pid=(\d+)`)
 	pids := func() []int {
@@ -169,6 +179,34 @@ func TestDevstackRestartsAKilledServiceAndStopsCleanly(t *testing.T) {
 	require.Contains(t, p.Logs(), "stopping the services")
 	require.Equal(t, 2, strings.Count(p.Logs(), "service started\" service=worker"), "no restart while stopping")
 	require.ErrorIs(t, syscall.Kill(second, 0), syscall.ESRCH, "the worker was stopped with the stack")
+	var held []string
+	rows, err := db.Pool.Query(context.Background(), `SELECT name || ' by ' || owner FROM leases WHERE owner IS NOT NULL`)
+	require.NoError(t, err)
+	held, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Empty(t, held, "every service released its leases on the way out")
+}
+
+// runOnDevNode runs `uname -a` on dev-node-1 through the dev stack's api,
+// as the quick start does, and checks the output is this machine's.
+func runOnDevNode(t *testing.T, apiPort int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := controlv1connect.NewControlServiceClient(http.DefaultClient, fmt.Sprintf("http://127.0.0.1:%d", apiPort))
+	auth := func(r connect.AnyRequest) { r.Header().Set("Authorization", "Bearer "+apiToken) }
+	req := connect.NewRequest(&controlv1.CreateCommandRequest{NodeId: "dev-node-1", Kind: "exec", Payload: []byte(`{"argv":["uname","-a"]}`)})
+	auth(req)
+	created, err := c.CreateCommand(ctx, req)
+	require.NoError(t, err)
+	wreq := connect.NewRequest(&controlv1.WaitCommandRequest{CommandId: created.Msg.GetCommand().GetId(), Timeout: durationpb.New(time.Minute)})
+	auth(wreq)
+	w, err := c.WaitCommand(ctx, wreq)
+	require.NoError(t, err)
+	require.Equal(t, controlv1.CommandState_COMMAND_STATE_SUCCEEDED, w.Msg.GetCommand().GetState(), "%v", w.Msg.GetResult())
+	want, err := exec.Command("uname", "-a").Output()
+	require.NoError(t, err)
+	require.Contains(t, string(w.Msg.GetResult().GetOutput()), strings.TrimSpace(string(want)))
 }
 
 // TestDevstackRefusesABusyExplicitPort: a port asked for explicitly that
@@ -198,7 +236,7 @@ func TestEveryBinaryReportsItsVersion(t *testing.T) {
 	out := t.TempDir()
 	const version, revision = "v9.8.7-test", "0123456789abcdef0123456789abcdef01234567"
 	ldflags := "-X github.com/leasehold/leasehold/pkg/buildinfo.version=" + version + " -X github.com/leasehold/leasehold/pkg/buildinfo.revision=" + revision
-	for _, name := range []string{"worker", "scheduler", "gateway", "api", "site-agent", "doctor", "devstack"} {
+	for _, name := range []string{"worker", "scheduler", "gateway", "api", "site-agent", "doctor", "node", "devstack"} {
 		dir := "../../services/" + name
 		if name == "devstack" {
 			dir = "."
