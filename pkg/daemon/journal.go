@@ -177,9 +177,16 @@ type FileJournal struct {
 	resultBytes int64
 	inFlight    int
 	size        int64 // of the file
-	compactAt   int64 // size past which Record compacts
-	compactions int64
-	compactErr  error
+	// appended counts the bytes ever appended, durable those of them known
+	// to be on disk; syncing says an fsync is running (without mu) and
+	// synced is signalled when it ends.
+	appended, durable int64
+	syncing           bool
+	synced            *sync.Cond
+	syncs             int64
+	compactAt         int64 // size past which Record compacts
+	compactions       int64
+	compactErr        error
 }
 
 // fileEntry is a command the FileJournal knows: line is the encoded result
@@ -210,6 +217,9 @@ type JournalStats struct {
 	// CompactErr is the last rewrite's error, nil once one succeeds.
 	Compactions int64
 	CompactErr  error
+	// Syncs counts the fsyncs of appended lines since open: fewer than
+	// the Records when concurrent ones shared them.
+	Syncs int64
 }
 
 // OpenFileJournal opens (creating it if needed) the journal at path with
@@ -224,6 +234,7 @@ func OpenFileJournal(path string) (*FileJournal, error) {
 // next append starts on a line of its own.
 func OpenFileJournalWith(path string, opts JournalOptions) (*FileJournal, error) {
 	j := &FileJournal{path: path, tmp: path + ".compact.tmp", opts: opts.withDefaults(), m: map[string]*fileEntry{}}
+	j.synced = sync.NewCond(&j.mu)
 	// A temporary file is never the journal: the rename, which is what
 	// makes it one, did not happen.
 	if err := os.Remove(j.tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -365,8 +376,9 @@ func (j *FileJournal) Seen(id string) (*nodev1.CommandResult, bool) {
 	return r, true
 }
 
-// Record implements Journal: it appends a line and fsyncs, then compacts
-// the file if it has doubled since the last compaction. A command already
+// Record implements Journal: it appends a line, compacts the file if it
+// has doubled since the last compaction, and returns once the line is on
+// disk (concurrent Records share their fsyncs). A command already
 // finished stays as it is (its first result is final). A failed compaction
 // does not fail the Record, which is durable by then; it is retried when
 // the file has doubled again, and reported by Stats.
@@ -393,7 +405,9 @@ func (j *FileJournal) Record(id string, r *nodev1.CommandResult) error {
 		return errors.New("journal is closed")
 	}
 	if e := j.m[id]; e != nil && e.finished {
-		return nil
+		// Its result may have been appended by a Record still waiting
+		// for its fsync: this one is durable when that one is.
+		return j.waitDurableLocked(j.appended)
 	}
 	if j.f == nil {
 		// A compaction renamed the file but could not reopen it.
@@ -407,15 +421,51 @@ func (j *FileJournal) Record(id string, r *nodev1.CommandResult) error {
 		_ = j.f.Truncate(j.size)
 		return fmt.Errorf("journal %s: %w", id, err)
 	}
-	if err := j.f.Sync(); err != nil {
-		return fmt.Errorf("journal %s: fsync: %w", id, err)
-	}
 	j.size += int64(len(b))
+	j.appended += int64(len(b))
+	lsn := j.appended
 	j.applyLocked(id, l.Result, false)
 	if j.size > j.compactAt {
 		if err := j.compactLocked(); err != nil {
 			j.compactAt = 2 * j.size
 		}
+	}
+	if err := j.waitDurableLocked(lsn); err != nil {
+		return fmt.Errorf("journal %s: %w", id, err)
+	}
+	return nil
+}
+
+// waitDurableLocked returns once the first lsn bytes ever appended are on
+// disk. One fsync covers every line appended before it: the Record that
+// finds no fsync running starts one (without the lock, so others append
+// meanwhile) and the others wait for it, then for the next if theirs came
+// after it started. A compaction makes everything durable at once.
+func (j *FileJournal) waitDurableLocked(lsn int64) error {
+	for j.durable < lsn {
+		if j.syncing {
+			j.synced.Wait()
+			continue
+		}
+		if j.f == nil {
+			return errors.New("the journal file is not open (closed, or a compaction failed after its rename)")
+		}
+		f, target := j.f, j.appended
+		j.syncing = true
+		j.mu.Unlock()
+		err := f.Sync()
+		j.mu.Lock()
+		j.syncing = false
+		j.synced.Broadcast()
+		if err == nil {
+			j.syncs++
+			j.durable = max(j.durable, target)
+			continue
+		}
+		if j.durable >= lsn {
+			return nil // a compaction meanwhile (which closed f) made it durable
+		}
+		return fmt.Errorf("fsync: %w", err)
 	}
 	return nil
 }
@@ -461,6 +511,7 @@ func (j *FileJournal) compactLocked() error {
 		return err
 	}
 	j.compactions++
+	j.durable = j.appended
 	j.compactAt = max(2*j.size, j.opts.MinCompactBytes)
 	return nil
 }
@@ -544,18 +595,29 @@ func (j *FileJournal) Stats() JournalStats {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return JournalStats{Bytes: j.size, InFlight: j.inFlight, Results: len(j.order) - j.withResult,
-		Forgotten: j.withResult, Compactions: j.compactions, CompactErr: j.compactErr}
+		Forgotten: j.withResult, Compactions: j.compactions, CompactErr: j.compactErr, Syncs: j.syncs}
 }
 
-// Close closes the file; later Records fail.
+// Close fsyncs and closes the file; later Records fail, and Records
+// waiting for their fsync return once it is done.
 func (j *FileJournal) Close() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.closed = true
+	for j.syncing {
+		j.synced.Wait()
+	}
+	defer j.synced.Broadcast()
 	if j.f == nil {
 		return nil
 	}
-	err := j.f.Close()
+	err := j.f.Sync()
+	if err == nil {
+		j.durable = j.appended
+	}
+	if cerr := j.f.Close(); err == nil {
+		err = cerr
+	}
 	j.f = nil
 	if err != nil {
 		return fmt.Errorf("close journal: %w", err)
