@@ -141,23 +141,23 @@ func processesWith(t *testing.T, s string) []string {
 	return out
 }
 
-// zombieChildren lists this test process's children that are zombies: a
-// process the executor started and never reaped.
-func zombieChildren(t *testing.T) []int {
+// requireGone requires that none of pids is alive or left unreaped by
+// this process: Handle reaps its command's main process and stops its
+// group before it returns. (An orphan reparented to init is init's to
+// reap.)
+func requireGone(t *testing.T, pids ...string) {
 	t.Helper()
-	entries, err := os.ReadDir("/proc")
-	require.NoError(t, err)
-	var out []int
-	for _, ent := range entries {
-		pid, err := strconv.Atoi(ent.Name())
-		if err != nil {
-			continue
+	require.NotEmpty(t, pids)
+	for _, s := range pids {
+		pid, err := strconv.Atoi(s)
+		require.NoError(t, err, "pid %q", s)
+		state, ppid, _, ok := procStat(pid)
+		if !ok {
+			continue // gone and reaped
 		}
-		if state, ppid, _, ok := procStat(pid); ok && ppid == os.Getpid() && state == 'Z' {
-			out = append(out, pid)
-		}
+		require.Equal(t, byte('Z'), state, "process %d is still alive (state %c)", pid, state)
+		require.NotEqual(t, os.Getpid(), ppid, "process %d is a zombie child of this process", pid)
 	}
-	return out
 }
 
 // requireNoneLeft requires that no process with s in its command line is

@@ -19,14 +19,17 @@ func execPayload(t *testing.T, argv ...string) string {
 func TestExecExitCodeAndOutput(t *testing.T) {
 	t.Parallel()
 	e := newExecutor(t)
-	o, r := handle(t, e, "exec", execPayload(t, "sh", "-c", "echo out; echo err >&2; exit 3"))
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	o, r := handle(t, e, "exec", execPayload(t, "sh", "-c", `echo out; echo err >&2; echo $$ > "$1"; exit 3`, "sh", pidFile))
 	require.Equal(t, int32(3), o.ExitCode)
 	require.Empty(t, o.Err)
 	require.Equal(t, "out\n", r.stdout.String())
 	require.Equal(t, "err\n", r.stderr.String())
 	require.Contains(t, string(o.Output), "out\n")
 	require.Contains(t, string(o.Output), "err\n")
-	require.Empty(t, zombieChildren(t))
+	pid, err := os.ReadFile(pidFile)
+	require.NoError(t, err)
+	requireGone(t, strings.TrimSpace(string(pid)))
 }
 
 func TestExecEnvDirStdin(t *testing.T) {
@@ -92,8 +95,8 @@ func TestExecCancelStopsTheGroup(t *testing.T) {
 	t.Parallel()
 	e := newExecutor(t)
 	m := marker()
-	r := start(t, e, "exec", execPayload(t, "sh", "-c", "sleep "+m+" & echo started; sleep "+m))
-	r.waitOutput(t, "started")
+	r := start(t, e, "exec", execPayload(t, "sh", "-c", "sleep "+m+" & echo started $$ $!; sleep "+m))
+	r.waitOutput(t, "\n")
 	require.GreaterOrEqual(t, len(processesWith(t, m)), 2, "the shell and its background sleep run")
 	began := time.Now()
 	r.cancel()
@@ -102,7 +105,7 @@ func TestExecCancelStopsTheGroup(t *testing.T) {
 	require.Equal(t, int32(128+15), o.ExitCode)
 	require.Equal(t, "terminated by SIGTERM (cancelled)", o.Err)
 	requireNoneLeft(t, m)
-	require.Empty(t, zombieChildren(t))
+	requireGone(t, strings.Fields(r.stdout.String())[1:]...)
 }
 
 // TestExecCancelKillsAfterGrace: a group that ignores SIGTERM is killed
@@ -111,14 +114,14 @@ func TestExecCancelKillsAfterGrace(t *testing.T) {
 	t.Parallel()
 	e := newExecutor(t, func(c *Config) { c.KillGrace = 300 * time.Millisecond })
 	m := marker()
-	r := start(t, e, "exec", execPayload(t, "sh", "-c", "trap '' TERM; sleep "+m+" & echo started; sleep "+m))
-	r.waitOutput(t, "started")
+	r := start(t, e, "exec", execPayload(t, "sh", "-c", "trap '' TERM; sleep "+m+" & echo started $$ $!; sleep "+m))
+	r.waitOutput(t, "\n")
 	r.cancel()
 	o := r.wait(t)
 	require.Equal(t, int32(128+9), o.ExitCode)
 	require.Equal(t, "killed by SIGKILL after the 300ms grace (cancelled)", o.Err)
 	requireNoneLeft(t, m)
-	require.Empty(t, zombieChildren(t))
+	requireGone(t, strings.Fields(r.stdout.String())[1:]...)
 }
 
 // TestExecLeftoverChildStopped: a command that exits leaving a background
@@ -129,14 +132,16 @@ func TestExecLeftoverChildStopped(t *testing.T) {
 	e := newExecutor(t, func(c *Config) { c.KillGrace = 300 * time.Millisecond })
 	m1, m2 := marker(), marker()
 	began := time.Now()
-	o, r := handle(t, e, "exec", execPayload(t, "sh", "-c", "sleep "+m1+" & (trap '' TERM; sleep "+m2+") & echo started"))
+	o, r := handle(t, e, "exec", execPayload(t, "sh", "-c", "sleep "+m1+" & a=$!; (trap '' TERM; sleep "+m2+") & echo started $$ $a $!"))
 	require.Less(t, time.Since(began), 10*time.Second)
 	require.Equal(t, int32(0), o.ExitCode, o.Err)
 	require.Empty(t, o.Err)
-	require.Equal(t, "started\n", r.stdout.String())
+	out := strings.Fields(r.stdout.String())
+	require.Len(t, out, 4, r.stdout.String())
+	require.Equal(t, "started", out[0])
 	requireNoneLeft(t, m1)
 	requireNoneLeft(t, m2)
-	require.Empty(t, zombieChildren(t))
+	requireGone(t, out[1:]...)
 }
 
 func TestExecTimeout(t *testing.T) {
