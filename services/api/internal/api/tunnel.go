@@ -223,14 +223,19 @@ func (h *Handler) OpenTunnel(ctx context.Context, stream *connect.BidiStream[con
 	var toNode, fromNode atomic.Int64
 	pty := first.GetOpen().GetTerminalSize() != nil
 	up := make(chan error, 1)
+	var callerEnded atomic.Bool // the caller's side ended the tunnel
 	// caller -> gateway
 	go func() {
-		// refuse ends the tunnel for a bad message of the caller's: the
-		// relay is cancelled, which ends the loop below, and err is what
-		// the caller gets.
-		refuse := func(err error) {
+		// endTunnel ends the tunnel from the caller's side (a bad message, or
+		// the caller gone) while the node may be silent: the relay is
+		// cancelled and its request side closed (Go's HTTP/2 client does
+		// not notice the cancel while it waits for more of the request
+		// body), which ends the loop below; err is the tunnel's error.
+		endTunnel := func(err error) {
+			callerEnded.Store(true)
 			up <- err
 			cancel()
+			_ = rs.CloseRequest()
 		}
 		for {
 			m, err := stream.Receive()
@@ -239,24 +244,24 @@ func (h *Handler) OpenTunnel(ctx context.Context, stream *connect.BidiStream[con
 				return
 			}
 			if err != nil {
-				up <- connect.NewError(connect.CodeCanceled, fmt.Errorf("the caller's side ended: %w", err))
+				endTunnel(connect.NewError(connect.CodeCanceled, fmt.Errorf("the caller's side ended: %w", err)))
 				return
 			}
 			if m.GetOpen() != nil {
-				refuse(invalid("open", "only the first message may set open"))
+				endTunnel(invalid("open", "only the first message may set open"))
 				return
 			}
 			if len(m.GetData()) > maxTunnelChunk {
-				refuse(invalid("data", "%d bytes, more than %d per message", len(m.GetData()), maxTunnelChunk))
+				endTunnel(invalid("data", "%d bytes, more than %d per message", len(m.GetData()), maxTunnelChunk))
 				return
 			}
 			if rz := m.GetResize(); rz != nil {
 				if !pty {
-					refuse(invalid("resize", "the tunnel has no terminal (its open set no terminal_size)"))
+					endTunnel(invalid("resize", "the tunnel has no terminal (its open set no terminal_size)"))
 					return
 				}
 				if err := checkTerminalSize("resize", rz); err != nil {
-					refuse(err)
+					endTunnel(err)
 					return
 				}
 			}
@@ -298,9 +303,10 @@ func (h *Handler) OpenTunnel(ctx context.Context, stream *connect.BidiStream[con
 	}
 	select {
 	case err := <-up:
-		// A bad message of the caller's (INVALID_ARGUMENT) is why the
-		// relay ended, whatever the relay's Receive said.
-		if failure == nil || connect.CodeOf(err) == connect.CodeInvalidArgument {
+		// When the caller's side ended the tunnel (a bad message, or the
+		// caller gone), that is why the relay ended, whatever its Receive
+		// said.
+		if failure == nil || callerEnded.Load() {
 			failure = err
 		}
 	default:

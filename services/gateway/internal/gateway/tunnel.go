@@ -383,6 +383,11 @@ func (g *Gateway) relay(ctx context.Context, t *tunnel, api *relayStream, d *dae
 			}
 		case <-t.killed:
 			failure = t.killErr
+		case <-ctx.Done():
+			// The api reset its relay stream (its caller went away): with
+			// the caller's side already half-closed and a silent node,
+			// nothing else would notice.
+			failure = connect.NewError(connect.CodeCanceled, fmt.Errorf("tunnel %s: the caller's side went away", t.id))
 		case <-idle.Chan():
 			if g.clock.Since(time.Unix(0, last.Load())) >= g.cfg.TunnelIdleTimeout {
 				g.m.tunnelsIdle.Inc()
