@@ -57,11 +57,6 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	if err := ensureStateDir(cfg.StateDir); err != nil {
 		return nil, err
 	}
-	// Read once now so a missing or exposed credential stops the start
-	// with the file's name; every Hello reads it again (rotation).
-	if _, err := ReadCredential(cfg.CredentialFile); err != nil {
-		return nil, err
-	}
 	a := &Agent{cfg: cfg, log: deps.Logger}
 	dcfg := daemon.Config{
 		Address: cfg.GatewayURL, NodeID: cfg.NodeID,

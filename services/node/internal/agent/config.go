@@ -88,7 +88,13 @@ func (c *Config) Resolve() error {
 		}
 		c.NodeID = id
 	}
-	return c.Validate()
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	// A missing or exposed credential is a configuration error: refuse to
+	// start, naming the file. Every Hello reads it again (rotation).
+	_, err := ReadCredential(c.CredentialFile)
+	return err
 }
 
 // Validate refuses bad values, naming the flag.
