@@ -5501,7 +5501,7 @@ var File_leasehold_control_v1_control_proto protoreflect.FileDescriptor
 
 const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\n" +
-	"\"leasehold/control/v1/control.proto\x12\x14leasehold.control.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dleasehold/node/v1/kinds.proto\x1a\x1cleasehold/node/v1/node.proto\"\xa3\x05\n" +
+	"\"leasehold/control/v1/control.proto\x12\x14leasehold.control.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fleasehold/control/v1/runs.proto\x1a\x1dleasehold/node/v1/kinds.proto\x1a\x1cleasehold/node/v1/node.proto\"\xa3\x05\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12/\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x1b.leasehold.node.v1.NodeKindR\x04kind\x12\x17\n" +
@@ -5922,7 +5922,7 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\x19POOL_LEASE_STATE_RELEASED\x10\x03*<\n" +
 	"\bSinkKind\x12\x19\n" +
 	"\x15SINK_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
-	"\x11SINK_KIND_WEBHOOK\x10\x012\xcb\x1a\n" +
+	"\x11SINK_KIND_WEBHOOK\x10\x012\xfe\x1e\n" +
 	"\x0eControlService\x12e\n" +
 	"\fRegisterNode\x12).leasehold.control.v1.RegisterNodeRequest\x1a*.leasehold.control.v1.RegisterNodeResponse\x12_\n" +
 	"\n" +
@@ -5964,7 +5964,13 @@ const file_leasehold_control_v1_control_proto_rawDesc = "" +
 	"\x0fCreateJoinToken\x12,.leasehold.control.v1.CreateJoinTokenRequest\x1a-.leasehold.control.v1.CreateJoinTokenResponse\x12k\n" +
 	"\x0eListJoinTokens\x12+.leasehold.control.v1.ListJoinTokensRequest\x1a,.leasehold.control.v1.ListJoinTokensResponse\x12n\n" +
 	"\x0fRevokeJoinToken\x12,.leasehold.control.v1.RevokeJoinTokenRequest\x1a-.leasehold.control.v1.RevokeJoinTokenResponse\x12h\n" +
-	"\rAllowReenroll\x12*.leasehold.control.v1.AllowReenrollRequest\x1a+.leasehold.control.v1.AllowReenrollResponseB\xe1\x01\n" +
+	"\rAllowReenroll\x12*.leasehold.control.v1.AllowReenrollRequest\x1a+.leasehold.control.v1.AllowReenrollResponse\x12\\\n" +
+	"\tCreateRun\x12&.leasehold.control.v1.CreateRunRequest\x1a'.leasehold.control.v1.CreateRunResponse\x12S\n" +
+	"\x06GetRun\x12#.leasehold.control.v1.GetRunRequest\x1a$.leasehold.control.v1.GetRunResponse\x12Y\n" +
+	"\bListRuns\x12%.leasehold.control.v1.ListRunsRequest\x1a&.leasehold.control.v1.ListRunsResponse\x12\\\n" +
+	"\tCancelRun\x12&.leasehold.control.v1.CancelRunRequest\x1a'.leasehold.control.v1.CancelRunResponse\x12V\n" +
+	"\aWaitRun\x12$.leasehold.control.v1.WaitRunRequest\x1a%.leasehold.control.v1.WaitRunResponse\x12m\n" +
+	"\x0eStreamRunNodes\x12+.leasehold.control.v1.StreamRunNodesRequest\x1a,.leasehold.control.v1.StreamRunNodesResponse0\x01B\xe1\x01\n" +
 	"\x18com.leasehold.control.v1B\fControlProtoP\x01ZEgithub.com/leasehold/leasehold/pkg/gen/leasehold/control/v1;controlv1\xa2\x02\x03LCX\xaa\x02\x14Leasehold.Control.V1\xca\x02\x14Leasehold\\Control\\V1\xe2\x02 Leasehold\\Control\\V1\\GPBMetadata\xea\x02\x16Leasehold::Control::V1b\x06proto3"
 
 var (
@@ -6081,6 +6087,18 @@ var file_leasehold_control_v1_control_proto_goTypes = []any{
 	(*structpb.Struct)(nil),             // 96: google.protobuf.Struct
 	(*v1.TerminalSize)(nil),             // 97: leasehold.node.v1.TerminalSize
 	(*v1.ShellExit)(nil),                // 98: leasehold.node.v1.ShellExit
+	(*CreateRunRequest)(nil),            // 99: leasehold.control.v1.CreateRunRequest
+	(*GetRunRequest)(nil),               // 100: leasehold.control.v1.GetRunRequest
+	(*ListRunsRequest)(nil),             // 101: leasehold.control.v1.ListRunsRequest
+	(*CancelRunRequest)(nil),            // 102: leasehold.control.v1.CancelRunRequest
+	(*WaitRunRequest)(nil),              // 103: leasehold.control.v1.WaitRunRequest
+	(*StreamRunNodesRequest)(nil),       // 104: leasehold.control.v1.StreamRunNodesRequest
+	(*CreateRunResponse)(nil),           // 105: leasehold.control.v1.CreateRunResponse
+	(*GetRunResponse)(nil),              // 106: leasehold.control.v1.GetRunResponse
+	(*ListRunsResponse)(nil),            // 107: leasehold.control.v1.ListRunsResponse
+	(*CancelRunResponse)(nil),           // 108: leasehold.control.v1.CancelRunResponse
+	(*WaitRunResponse)(nil),             // 109: leasehold.control.v1.WaitRunResponse
+	(*StreamRunNodesResponse)(nil),      // 110: leasehold.control.v1.StreamRunNodesResponse
 }
 var file_leasehold_control_v1_control_proto_depIdxs = []int32{
 	92,  // 0: leasehold.control.v1.Node.kind:type_name -> leasehold.node.v1.NodeKind
@@ -6208,41 +6226,53 @@ var file_leasehold_control_v1_control_proto_depIdxs = []int32{
 	78,  // 122: leasehold.control.v1.ControlService.ListJoinTokens:input_type -> leasehold.control.v1.ListJoinTokensRequest
 	80,  // 123: leasehold.control.v1.ControlService.RevokeJoinToken:input_type -> leasehold.control.v1.RevokeJoinTokenRequest
 	82,  // 124: leasehold.control.v1.ControlService.AllowReenroll:input_type -> leasehold.control.v1.AllowReenrollRequest
-	14,  // 125: leasehold.control.v1.ControlService.RegisterNode:output_type -> leasehold.control.v1.RegisterNodeResponse
-	16,  // 126: leasehold.control.v1.ControlService.RevokeNode:output_type -> leasehold.control.v1.RevokeNodeResponse
-	18,  // 127: leasehold.control.v1.ControlService.GetNode:output_type -> leasehold.control.v1.GetNodeResponse
-	20,  // 128: leasehold.control.v1.ControlService.ListNodes:output_type -> leasehold.control.v1.ListNodesResponse
-	22,  // 129: leasehold.control.v1.ControlService.CreateCommand:output_type -> leasehold.control.v1.CreateCommandResponse
-	24,  // 130: leasehold.control.v1.ControlService.GetCommand:output_type -> leasehold.control.v1.GetCommandResponse
-	26,  // 131: leasehold.control.v1.ControlService.ListCommands:output_type -> leasehold.control.v1.ListCommandsResponse
-	28,  // 132: leasehold.control.v1.ControlService.CancelCommand:output_type -> leasehold.control.v1.CancelCommandResponse
-	30,  // 133: leasehold.control.v1.ControlService.WaitCommand:output_type -> leasehold.control.v1.WaitCommandResponse
-	34,  // 134: leasehold.control.v1.ControlService.CreatePool:output_type -> leasehold.control.v1.CreatePoolResponse
-	36,  // 135: leasehold.control.v1.ControlService.GetPool:output_type -> leasehold.control.v1.GetPoolResponse
-	38,  // 136: leasehold.control.v1.ControlService.ListPools:output_type -> leasehold.control.v1.ListPoolsResponse
-	40,  // 137: leasehold.control.v1.ControlService.CreatePoolLease:output_type -> leasehold.control.v1.CreatePoolLeaseResponse
-	42,  // 138: leasehold.control.v1.ControlService.GetPoolLease:output_type -> leasehold.control.v1.GetPoolLeaseResponse
-	44,  // 139: leasehold.control.v1.ControlService.ListPoolLeases:output_type -> leasehold.control.v1.ListPoolLeasesResponse
-	46,  // 140: leasehold.control.v1.ControlService.ReleasePoolLease:output_type -> leasehold.control.v1.ReleasePoolLeaseResponse
-	48,  // 141: leasehold.control.v1.ControlService.CreateSink:output_type -> leasehold.control.v1.CreateSinkResponse
-	50,  // 142: leasehold.control.v1.ControlService.ListSinks:output_type -> leasehold.control.v1.ListSinksResponse
-	52,  // 143: leasehold.control.v1.ControlService.DeleteSink:output_type -> leasehold.control.v1.DeleteSinkResponse
-	54,  // 144: leasehold.control.v1.ControlService.ListLeases:output_type -> leasehold.control.v1.ListLeasesResponse
-	56,  // 145: leasehold.control.v1.ControlService.ListWorkers:output_type -> leasehold.control.v1.ListWorkersResponse
-	58,  // 146: leasehold.control.v1.ControlService.ListGateways:output_type -> leasehold.control.v1.ListGatewaysResponse
-	60,  // 147: leasehold.control.v1.ControlService.CordonNode:output_type -> leasehold.control.v1.CordonNodeResponse
-	62,  // 148: leasehold.control.v1.ControlService.UncordonNode:output_type -> leasehold.control.v1.UncordonNodeResponse
-	64,  // 149: leasehold.control.v1.ControlService.DrainNode:output_type -> leasehold.control.v1.DrainNodeResponse
-	66,  // 150: leasehold.control.v1.ControlService.DecommissionNode:output_type -> leasehold.control.v1.DecommissionNodeResponse
-	69,  // 151: leasehold.control.v1.ControlService.ListAuditEvents:output_type -> leasehold.control.v1.ListAuditEventsResponse
-	32,  // 152: leasehold.control.v1.ControlService.StreamCommandOutput:output_type -> leasehold.control.v1.StreamCommandOutputResponse
-	74,  // 153: leasehold.control.v1.ControlService.OpenTunnel:output_type -> leasehold.control.v1.OpenTunnelResponse
-	77,  // 154: leasehold.control.v1.ControlService.CreateJoinToken:output_type -> leasehold.control.v1.CreateJoinTokenResponse
-	79,  // 155: leasehold.control.v1.ControlService.ListJoinTokens:output_type -> leasehold.control.v1.ListJoinTokensResponse
-	81,  // 156: leasehold.control.v1.ControlService.RevokeJoinToken:output_type -> leasehold.control.v1.RevokeJoinTokenResponse
-	83,  // 157: leasehold.control.v1.ControlService.AllowReenroll:output_type -> leasehold.control.v1.AllowReenrollResponse
-	125, // [125:158] is the sub-list for method output_type
-	92,  // [92:125] is the sub-list for method input_type
+	99,  // 125: leasehold.control.v1.ControlService.CreateRun:input_type -> leasehold.control.v1.CreateRunRequest
+	100, // 126: leasehold.control.v1.ControlService.GetRun:input_type -> leasehold.control.v1.GetRunRequest
+	101, // 127: leasehold.control.v1.ControlService.ListRuns:input_type -> leasehold.control.v1.ListRunsRequest
+	102, // 128: leasehold.control.v1.ControlService.CancelRun:input_type -> leasehold.control.v1.CancelRunRequest
+	103, // 129: leasehold.control.v1.ControlService.WaitRun:input_type -> leasehold.control.v1.WaitRunRequest
+	104, // 130: leasehold.control.v1.ControlService.StreamRunNodes:input_type -> leasehold.control.v1.StreamRunNodesRequest
+	14,  // 131: leasehold.control.v1.ControlService.RegisterNode:output_type -> leasehold.control.v1.RegisterNodeResponse
+	16,  // 132: leasehold.control.v1.ControlService.RevokeNode:output_type -> leasehold.control.v1.RevokeNodeResponse
+	18,  // 133: leasehold.control.v1.ControlService.GetNode:output_type -> leasehold.control.v1.GetNodeResponse
+	20,  // 134: leasehold.control.v1.ControlService.ListNodes:output_type -> leasehold.control.v1.ListNodesResponse
+	22,  // 135: leasehold.control.v1.ControlService.CreateCommand:output_type -> leasehold.control.v1.CreateCommandResponse
+	24,  // 136: leasehold.control.v1.ControlService.GetCommand:output_type -> leasehold.control.v1.GetCommandResponse
+	26,  // 137: leasehold.control.v1.ControlService.ListCommands:output_type -> leasehold.control.v1.ListCommandsResponse
+	28,  // 138: leasehold.control.v1.ControlService.CancelCommand:output_type -> leasehold.control.v1.CancelCommandResponse
+	30,  // 139: leasehold.control.v1.ControlService.WaitCommand:output_type -> leasehold.control.v1.WaitCommandResponse
+	34,  // 140: leasehold.control.v1.ControlService.CreatePool:output_type -> leasehold.control.v1.CreatePoolResponse
+	36,  // 141: leasehold.control.v1.ControlService.GetPool:output_type -> leasehold.control.v1.GetPoolResponse
+	38,  // 142: leasehold.control.v1.ControlService.ListPools:output_type -> leasehold.control.v1.ListPoolsResponse
+	40,  // 143: leasehold.control.v1.ControlService.CreatePoolLease:output_type -> leasehold.control.v1.CreatePoolLeaseResponse
+	42,  // 144: leasehold.control.v1.ControlService.GetPoolLease:output_type -> leasehold.control.v1.GetPoolLeaseResponse
+	44,  // 145: leasehold.control.v1.ControlService.ListPoolLeases:output_type -> leasehold.control.v1.ListPoolLeasesResponse
+	46,  // 146: leasehold.control.v1.ControlService.ReleasePoolLease:output_type -> leasehold.control.v1.ReleasePoolLeaseResponse
+	48,  // 147: leasehold.control.v1.ControlService.CreateSink:output_type -> leasehold.control.v1.CreateSinkResponse
+	50,  // 148: leasehold.control.v1.ControlService.ListSinks:output_type -> leasehold.control.v1.ListSinksResponse
+	52,  // 149: leasehold.control.v1.ControlService.DeleteSink:output_type -> leasehold.control.v1.DeleteSinkResponse
+	54,  // 150: leasehold.control.v1.ControlService.ListLeases:output_type -> leasehold.control.v1.ListLeasesResponse
+	56,  // 151: leasehold.control.v1.ControlService.ListWorkers:output_type -> leasehold.control.v1.ListWorkersResponse
+	58,  // 152: leasehold.control.v1.ControlService.ListGateways:output_type -> leasehold.control.v1.ListGatewaysResponse
+	60,  // 153: leasehold.control.v1.ControlService.CordonNode:output_type -> leasehold.control.v1.CordonNodeResponse
+	62,  // 154: leasehold.control.v1.ControlService.UncordonNode:output_type -> leasehold.control.v1.UncordonNodeResponse
+	64,  // 155: leasehold.control.v1.ControlService.DrainNode:output_type -> leasehold.control.v1.DrainNodeResponse
+	66,  // 156: leasehold.control.v1.ControlService.DecommissionNode:output_type -> leasehold.control.v1.DecommissionNodeResponse
+	69,  // 157: leasehold.control.v1.ControlService.ListAuditEvents:output_type -> leasehold.control.v1.ListAuditEventsResponse
+	32,  // 158: leasehold.control.v1.ControlService.StreamCommandOutput:output_type -> leasehold.control.v1.StreamCommandOutputResponse
+	74,  // 159: leasehold.control.v1.ControlService.OpenTunnel:output_type -> leasehold.control.v1.OpenTunnelResponse
+	77,  // 160: leasehold.control.v1.ControlService.CreateJoinToken:output_type -> leasehold.control.v1.CreateJoinTokenResponse
+	79,  // 161: leasehold.control.v1.ControlService.ListJoinTokens:output_type -> leasehold.control.v1.ListJoinTokensResponse
+	81,  // 162: leasehold.control.v1.ControlService.RevokeJoinToken:output_type -> leasehold.control.v1.RevokeJoinTokenResponse
+	83,  // 163: leasehold.control.v1.ControlService.AllowReenroll:output_type -> leasehold.control.v1.AllowReenrollResponse
+	105, // 164: leasehold.control.v1.ControlService.CreateRun:output_type -> leasehold.control.v1.CreateRunResponse
+	106, // 165: leasehold.control.v1.ControlService.GetRun:output_type -> leasehold.control.v1.GetRunResponse
+	107, // 166: leasehold.control.v1.ControlService.ListRuns:output_type -> leasehold.control.v1.ListRunsResponse
+	108, // 167: leasehold.control.v1.ControlService.CancelRun:output_type -> leasehold.control.v1.CancelRunResponse
+	109, // 168: leasehold.control.v1.ControlService.WaitRun:output_type -> leasehold.control.v1.WaitRunResponse
+	110, // 169: leasehold.control.v1.ControlService.StreamRunNodes:output_type -> leasehold.control.v1.StreamRunNodesResponse
+	131, // [131:170] is the sub-list for method output_type
+	92,  // [92:131] is the sub-list for method input_type
 	92,  // [92:92] is the sub-list for extension type_name
 	92,  // [92:92] is the sub-list for extension extendee
 	0,   // [0:92] is the sub-list for field type_name
@@ -6253,6 +6283,7 @@ func file_leasehold_control_v1_control_proto_init() {
 	if File_leasehold_control_v1_control_proto != nil {
 		return
 	}
+	file_leasehold_control_v1_runs_proto_init()
 	file_leasehold_control_v1_control_proto_msgTypes[17].OneofWrappers = []any{
 		(*CreateCommandRequest_Deadline)(nil),
 		(*CreateCommandRequest_Timeout)(nil),

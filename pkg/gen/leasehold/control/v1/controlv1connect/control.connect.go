@@ -134,6 +134,21 @@ const (
 	// ControlServiceAllowReenrollProcedure is the fully-qualified name of the ControlService's
 	// AllowReenroll RPC.
 	ControlServiceAllowReenrollProcedure = "/leasehold.control.v1.ControlService/AllowReenroll"
+	// ControlServiceCreateRunProcedure is the fully-qualified name of the ControlService's CreateRun
+	// RPC.
+	ControlServiceCreateRunProcedure = "/leasehold.control.v1.ControlService/CreateRun"
+	// ControlServiceGetRunProcedure is the fully-qualified name of the ControlService's GetRun RPC.
+	ControlServiceGetRunProcedure = "/leasehold.control.v1.ControlService/GetRun"
+	// ControlServiceListRunsProcedure is the fully-qualified name of the ControlService's ListRuns RPC.
+	ControlServiceListRunsProcedure = "/leasehold.control.v1.ControlService/ListRuns"
+	// ControlServiceCancelRunProcedure is the fully-qualified name of the ControlService's CancelRun
+	// RPC.
+	ControlServiceCancelRunProcedure = "/leasehold.control.v1.ControlService/CancelRun"
+	// ControlServiceWaitRunProcedure is the fully-qualified name of the ControlService's WaitRun RPC.
+	ControlServiceWaitRunProcedure = "/leasehold.control.v1.ControlService/WaitRun"
+	// ControlServiceStreamRunNodesProcedure is the fully-qualified name of the ControlService's
+	// StreamRunNodes RPC.
+	ControlServiceStreamRunNodesProcedure = "/leasehold.control.v1.ControlService/StreamRunNodes"
 )
 
 // ControlServiceClient is a client for the leasehold.control.v1.ControlService service.
@@ -221,6 +236,20 @@ type ControlServiceClient interface {
 	// join again under its id with a join token, within a window; the join
 	// replaces its credentials.
 	AllowReenroll(context.Context, *connect.Request[v1.AllowReenrollRequest]) (*connect.Response[v1.AllowReenrollResponse], error)
+	// CreateRun runs one command on many nodes with a sliding window and a
+	// failure budget (runs.proto).
+	CreateRun(context.Context, *connect.Request[v1.CreateRunRequest]) (*connect.Response[v1.CreateRunResponse], error)
+	// GetRun returns a run and its nodes.
+	GetRun(context.Context, *connect.Request[v1.GetRunRequest]) (*connect.Response[v1.GetRunResponse], error)
+	// ListRuns lists runs, newest first.
+	ListRuns(context.Context, *connect.Request[v1.ListRunsRequest]) (*connect.Response[v1.ListRunsResponse], error)
+	// CancelRun stops new starts and cancels the run's running commands.
+	CancelRun(context.Context, *connect.Request[v1.CancelRunRequest]) (*connect.Response[v1.CancelRunResponse], error)
+	// WaitRun returns once the run is terminal, or when its timeout passes.
+	WaitRun(context.Context, *connect.Request[v1.WaitRunRequest]) (*connect.Response[v1.WaitRunResponse], error)
+	// StreamRunNodes sends every node of a run, then each change of a
+	// node's state, and ends once the run is terminal.
+	StreamRunNodes(context.Context, *connect.Request[v1.StreamRunNodesRequest]) (*connect.ServerStreamForClient[v1.StreamRunNodesResponse], error)
 }
 
 // NewControlServiceClient constructs a client for the leasehold.control.v1.ControlService service.
@@ -432,6 +461,42 @@ func NewControlServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(controlServiceMethods.ByName("AllowReenroll")),
 			connect.WithClientOptions(opts...),
 		),
+		createRun: connect.NewClient[v1.CreateRunRequest, v1.CreateRunResponse](
+			httpClient,
+			baseURL+ControlServiceCreateRunProcedure,
+			connect.WithSchema(controlServiceMethods.ByName("CreateRun")),
+			connect.WithClientOptions(opts...),
+		),
+		getRun: connect.NewClient[v1.GetRunRequest, v1.GetRunResponse](
+			httpClient,
+			baseURL+ControlServiceGetRunProcedure,
+			connect.WithSchema(controlServiceMethods.ByName("GetRun")),
+			connect.WithClientOptions(opts...),
+		),
+		listRuns: connect.NewClient[v1.ListRunsRequest, v1.ListRunsResponse](
+			httpClient,
+			baseURL+ControlServiceListRunsProcedure,
+			connect.WithSchema(controlServiceMethods.ByName("ListRuns")),
+			connect.WithClientOptions(opts...),
+		),
+		cancelRun: connect.NewClient[v1.CancelRunRequest, v1.CancelRunResponse](
+			httpClient,
+			baseURL+ControlServiceCancelRunProcedure,
+			connect.WithSchema(controlServiceMethods.ByName("CancelRun")),
+			connect.WithClientOptions(opts...),
+		),
+		waitRun: connect.NewClient[v1.WaitRunRequest, v1.WaitRunResponse](
+			httpClient,
+			baseURL+ControlServiceWaitRunProcedure,
+			connect.WithSchema(controlServiceMethods.ByName("WaitRun")),
+			connect.WithClientOptions(opts...),
+		),
+		streamRunNodes: connect.NewClient[v1.StreamRunNodesRequest, v1.StreamRunNodesResponse](
+			httpClient,
+			baseURL+ControlServiceStreamRunNodesProcedure,
+			connect.WithSchema(controlServiceMethods.ByName("StreamRunNodes")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -470,6 +535,12 @@ type controlServiceClient struct {
 	listJoinTokens      *connect.Client[v1.ListJoinTokensRequest, v1.ListJoinTokensResponse]
 	revokeJoinToken     *connect.Client[v1.RevokeJoinTokenRequest, v1.RevokeJoinTokenResponse]
 	allowReenroll       *connect.Client[v1.AllowReenrollRequest, v1.AllowReenrollResponse]
+	createRun           *connect.Client[v1.CreateRunRequest, v1.CreateRunResponse]
+	getRun              *connect.Client[v1.GetRunRequest, v1.GetRunResponse]
+	listRuns            *connect.Client[v1.ListRunsRequest, v1.ListRunsResponse]
+	cancelRun           *connect.Client[v1.CancelRunRequest, v1.CancelRunResponse]
+	waitRun             *connect.Client[v1.WaitRunRequest, v1.WaitRunResponse]
+	streamRunNodes      *connect.Client[v1.StreamRunNodesRequest, v1.StreamRunNodesResponse]
 }
 
 // RegisterNode calls leasehold.control.v1.ControlService.RegisterNode.
@@ -637,6 +708,36 @@ func (c *controlServiceClient) AllowReenroll(ctx context.Context, req *connect.R
 	return c.allowReenroll.CallUnary(ctx, req)
 }
 
+// CreateRun calls leasehold.control.v1.ControlService.CreateRun.
+func (c *controlServiceClient) CreateRun(ctx context.Context, req *connect.Request[v1.CreateRunRequest]) (*connect.Response[v1.CreateRunResponse], error) {
+	return c.createRun.CallUnary(ctx, req)
+}
+
+// GetRun calls leasehold.control.v1.ControlService.GetRun.
+func (c *controlServiceClient) GetRun(ctx context.Context, req *connect.Request[v1.GetRunRequest]) (*connect.Response[v1.GetRunResponse], error) {
+	return c.getRun.CallUnary(ctx, req)
+}
+
+// ListRuns calls leasehold.control.v1.ControlService.ListRuns.
+func (c *controlServiceClient) ListRuns(ctx context.Context, req *connect.Request[v1.ListRunsRequest]) (*connect.Response[v1.ListRunsResponse], error) {
+	return c.listRuns.CallUnary(ctx, req)
+}
+
+// CancelRun calls leasehold.control.v1.ControlService.CancelRun.
+func (c *controlServiceClient) CancelRun(ctx context.Context, req *connect.Request[v1.CancelRunRequest]) (*connect.Response[v1.CancelRunResponse], error) {
+	return c.cancelRun.CallUnary(ctx, req)
+}
+
+// WaitRun calls leasehold.control.v1.ControlService.WaitRun.
+func (c *controlServiceClient) WaitRun(ctx context.Context, req *connect.Request[v1.WaitRunRequest]) (*connect.Response[v1.WaitRunResponse], error) {
+	return c.waitRun.CallUnary(ctx, req)
+}
+
+// StreamRunNodes calls leasehold.control.v1.ControlService.StreamRunNodes.
+func (c *controlServiceClient) StreamRunNodes(ctx context.Context, req *connect.Request[v1.StreamRunNodesRequest]) (*connect.ServerStreamForClient[v1.StreamRunNodesResponse], error) {
+	return c.streamRunNodes.CallServerStream(ctx, req)
+}
+
 // ControlServiceHandler is an implementation of the leasehold.control.v1.ControlService service.
 type ControlServiceHandler interface {
 	// RegisterNode creates a node and returns its credential, once.
@@ -722,6 +823,20 @@ type ControlServiceHandler interface {
 	// join again under its id with a join token, within a window; the join
 	// replaces its credentials.
 	AllowReenroll(context.Context, *connect.Request[v1.AllowReenrollRequest]) (*connect.Response[v1.AllowReenrollResponse], error)
+	// CreateRun runs one command on many nodes with a sliding window and a
+	// failure budget (runs.proto).
+	CreateRun(context.Context, *connect.Request[v1.CreateRunRequest]) (*connect.Response[v1.CreateRunResponse], error)
+	// GetRun returns a run and its nodes.
+	GetRun(context.Context, *connect.Request[v1.GetRunRequest]) (*connect.Response[v1.GetRunResponse], error)
+	// ListRuns lists runs, newest first.
+	ListRuns(context.Context, *connect.Request[v1.ListRunsRequest]) (*connect.Response[v1.ListRunsResponse], error)
+	// CancelRun stops new starts and cancels the run's running commands.
+	CancelRun(context.Context, *connect.Request[v1.CancelRunRequest]) (*connect.Response[v1.CancelRunResponse], error)
+	// WaitRun returns once the run is terminal, or when its timeout passes.
+	WaitRun(context.Context, *connect.Request[v1.WaitRunRequest]) (*connect.Response[v1.WaitRunResponse], error)
+	// StreamRunNodes sends every node of a run, then each change of a
+	// node's state, and ends once the run is terminal.
+	StreamRunNodes(context.Context, *connect.Request[v1.StreamRunNodesRequest], *connect.ServerStream[v1.StreamRunNodesResponse]) error
 }
 
 // NewControlServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -929,6 +1044,42 @@ func NewControlServiceHandler(svc ControlServiceHandler, opts ...connect.Handler
 		connect.WithSchema(controlServiceMethods.ByName("AllowReenroll")),
 		connect.WithHandlerOptions(opts...),
 	)
+	controlServiceCreateRunHandler := connect.NewUnaryHandler(
+		ControlServiceCreateRunProcedure,
+		svc.CreateRun,
+		connect.WithSchema(controlServiceMethods.ByName("CreateRun")),
+		connect.WithHandlerOptions(opts...),
+	)
+	controlServiceGetRunHandler := connect.NewUnaryHandler(
+		ControlServiceGetRunProcedure,
+		svc.GetRun,
+		connect.WithSchema(controlServiceMethods.ByName("GetRun")),
+		connect.WithHandlerOptions(opts...),
+	)
+	controlServiceListRunsHandler := connect.NewUnaryHandler(
+		ControlServiceListRunsProcedure,
+		svc.ListRuns,
+		connect.WithSchema(controlServiceMethods.ByName("ListRuns")),
+		connect.WithHandlerOptions(opts...),
+	)
+	controlServiceCancelRunHandler := connect.NewUnaryHandler(
+		ControlServiceCancelRunProcedure,
+		svc.CancelRun,
+		connect.WithSchema(controlServiceMethods.ByName("CancelRun")),
+		connect.WithHandlerOptions(opts...),
+	)
+	controlServiceWaitRunHandler := connect.NewUnaryHandler(
+		ControlServiceWaitRunProcedure,
+		svc.WaitRun,
+		connect.WithSchema(controlServiceMethods.ByName("WaitRun")),
+		connect.WithHandlerOptions(opts...),
+	)
+	controlServiceStreamRunNodesHandler := connect.NewServerStreamHandler(
+		ControlServiceStreamRunNodesProcedure,
+		svc.StreamRunNodes,
+		connect.WithSchema(controlServiceMethods.ByName("StreamRunNodes")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/leasehold.control.v1.ControlService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ControlServiceRegisterNodeProcedure:
@@ -997,6 +1148,18 @@ func NewControlServiceHandler(svc ControlServiceHandler, opts ...connect.Handler
 			controlServiceRevokeJoinTokenHandler.ServeHTTP(w, r)
 		case ControlServiceAllowReenrollProcedure:
 			controlServiceAllowReenrollHandler.ServeHTTP(w, r)
+		case ControlServiceCreateRunProcedure:
+			controlServiceCreateRunHandler.ServeHTTP(w, r)
+		case ControlServiceGetRunProcedure:
+			controlServiceGetRunHandler.ServeHTTP(w, r)
+		case ControlServiceListRunsProcedure:
+			controlServiceListRunsHandler.ServeHTTP(w, r)
+		case ControlServiceCancelRunProcedure:
+			controlServiceCancelRunHandler.ServeHTTP(w, r)
+		case ControlServiceWaitRunProcedure:
+			controlServiceWaitRunHandler.ServeHTTP(w, r)
+		case ControlServiceStreamRunNodesProcedure:
+			controlServiceStreamRunNodesHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -1136,4 +1299,28 @@ func (UnimplementedControlServiceHandler) RevokeJoinToken(context.Context, *conn
 
 func (UnimplementedControlServiceHandler) AllowReenroll(context.Context, *connect.Request[v1.AllowReenrollRequest]) (*connect.Response[v1.AllowReenrollResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.AllowReenroll is not implemented"))
+}
+
+func (UnimplementedControlServiceHandler) CreateRun(context.Context, *connect.Request[v1.CreateRunRequest]) (*connect.Response[v1.CreateRunResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.CreateRun is not implemented"))
+}
+
+func (UnimplementedControlServiceHandler) GetRun(context.Context, *connect.Request[v1.GetRunRequest]) (*connect.Response[v1.GetRunResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.GetRun is not implemented"))
+}
+
+func (UnimplementedControlServiceHandler) ListRuns(context.Context, *connect.Request[v1.ListRunsRequest]) (*connect.Response[v1.ListRunsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.ListRuns is not implemented"))
+}
+
+func (UnimplementedControlServiceHandler) CancelRun(context.Context, *connect.Request[v1.CancelRunRequest]) (*connect.Response[v1.CancelRunResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.CancelRun is not implemented"))
+}
+
+func (UnimplementedControlServiceHandler) WaitRun(context.Context, *connect.Request[v1.WaitRunRequest]) (*connect.Response[v1.WaitRunResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.WaitRun is not implemented"))
+}
+
+func (UnimplementedControlServiceHandler) StreamRunNodes(context.Context, *connect.Request[v1.StreamRunNodesRequest], *connect.ServerStream[v1.StreamRunNodesResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.control.v1.ControlService.StreamRunNodes is not implemented"))
 }
