@@ -43,6 +43,7 @@ type Agent struct {
 	journal *daemon.FileJournal
 	tls     *reload.ClientTLS
 	d       *daemon.Daemon
+	ex      *nodeexec.Executor
 }
 
 // New opens the state directory and the journal, checks the credential
@@ -87,6 +88,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	a.ex = ex
 	dcfg.Handler = ex.Handle
 	if a.journal, err = daemon.OpenFileJournal(cfg.StateDir + "/" + journalFileName); err != nil {
 		return nil, err
@@ -132,5 +134,6 @@ func (a *Agent) running(ctx context.Context) error {
 	}
 	err := a.d.Run(ctx) // returns once ctx ends and every command has returned
 	wg.Wait()
+	a.ex.Close() // a reboot not yet started does not start
 	return errors.Join(err, a.journal.Close())
 }
