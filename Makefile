@@ -19,12 +19,14 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo deve
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS := -X github.com/leasehold/leasehold/pkg/buildinfo.version=$(VERSION) -X github.com/leasehold/leasehold/pkg/buildinfo.revision=$(REVISION)
 
-## build: compile every service into ./bin, stamped with VERSION (git describe)
+## build: compile every service into ./bin, and the operator CLI as bin/leasehold, stamped with VERSION (git describe)
 build:
 	@mkdir -p $(BIN)
 	@for s in $(SERVICES); do \
 		(cd services/$$s && CGO_ENABLED=0 go build -ldflags '$(LDFLAGS)' -o $(BIN)/leasehold-$$s .) || exit 1; \
 	done
+	@# the operator CLI (services/cli) is bin/leasehold, not leasehold-cli
+	@cd services/cli && CGO_ENABLED=0 go build -ldflags '$(LDFLAGS)' -o $(BIN)/leasehold .
 
 ## test: run every module's tests against a real PostgreSQL (see pkg/pgtest);
 ## a failing module does not stop the others: all failures are listed at the end
