@@ -341,7 +341,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		var wait time.Duration
 		switch {
 		case end.pushback:
+			// The gateway said when to come back: that replaces the
+			// back-off, which restarts from its base, so a fleet refused
+			// during an outage returns when told, not a minute later.
 			d.pushbacks.Add(1)
+			d.backoff.Reset()
 			wait = end.retryAfter
 		case end.drained:
 			d.backoff.Reset()

@@ -145,6 +145,62 @@ func TestPushbackRetryAfterIsHonoured(t *testing.T) {
 	require.EqualValues(t, 2, f.dials.Load())
 }
 
+// TestPushbackResetsTheBackoff: failures grow the back-off, a Pushback
+// replaces it with the gateway's retry_after and restarts it from its
+// base, so a fleet refused while its gateways were fenced (a database
+// outage) returns when told, not after a back-off grown towards a minute.
+func TestPushbackResetsTheBackoff(t *testing.T) {
+	t.Parallel()
+	f := &fakeGateway{script: func(n int64, ctx context.Context, s *stream) error {
+		_, _ = s.Receive()
+		switch {
+		case n <= 6, n == 8:
+			return connect.NewError(connect.CodeUnavailable, errors.New("gateway not serving"))
+		case n == 7:
+			_ = s.Send(&nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Pushback{Pushback: &nodev1.Pushback{
+				RetryAfter: durationpb.New(2 * time.Second), Reason: "not-serving"}}})
+			return connect.NewError(connect.CodeUnavailable, errors.New("not serving"))
+		}
+		if err := s.Send(&nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Welcome{Welcome: &nodev1.Welcome{
+			SessionEpoch: 1, HeartbeatInterval: durationpb.New(time.Hour)}}}); err != nil {
+			return err
+		}
+		return drainUntilDone(ctx, s)
+	}}
+	addr := startFake(t, f)
+	clock := clockwork.NewFakeClock()
+	var jitter atomic.Value // float64: 0 while the failures grow the bound
+	jitter.Store(0.0)
+	d, err := New(Config{Address: addr, NodeID: "n1", Credential: "c", Handler: func(context.Context, *nodev1.Command) Outcome { return Outcome{} },
+		Clock: clock, BackoffBase: time.Second, BackoffMax: time.Minute, Rand: func() float64 { return jitter.Load().(float64) }})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	// Six failures double the bound to a minute (each wait drawn as 0).
+	require.Eventually(t, func() bool { return d.Stats().Pushbacks == 1 }, 10*time.Second, time.Millisecond)
+	require.EqualValues(t, 7, f.dials.Load())
+	jitter.Store(0.999)
+	require.NoError(t, clock.BlockUntilContext(ctx, 1)) // waiting out retry_after
+	clock.Advance(2 * time.Second)
+	require.Eventually(t, func() bool { return f.dials.Load() == 8 }, 5*time.Second, time.Millisecond)
+	// The failure after the pushback waits under the base (0.999 s), not
+	// under the grown bound (a minute): simulated time moves in small
+	// steps, and the redial comes within 5 simulated seconds.
+	var advanced time.Duration
+	for d.Stats().Welcomes == 0 && advanced < 5*time.Second {
+		require.NoError(t, clock.BlockUntilContext(ctx, 1))
+		clock.Advance(50 * time.Millisecond)
+		advanced += 50 * time.Millisecond
+		time.Sleep(time.Millisecond) // lets the daemon's goroutine run between steps
+	}
+	require.Eventually(t, func() bool { return d.Stats().Welcomes == 1 }, 5*time.Second, time.Millisecond,
+		"no redial within %s of simulated time after the pushback", advanced)
+	require.EqualValues(t, 9, f.dials.Load())
+}
+
 func TestDrainDelayIsHonoured(t *testing.T) {
 	t.Parallel()
 	f := &fakeGateway{script: func(n int64, ctx context.Context, s *stream) error {

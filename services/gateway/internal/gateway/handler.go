@@ -112,7 +112,13 @@ func (g *Gateway) Connect(ctx context.Context, stream *connect.BidiStream[nodev1
 	case stateDraining:
 		return g.pushback(stream, "draining", time.Second+rand.N(4*time.Second), connect.CodeUnavailable)
 	default:
-		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("gateway %s is not serving", g.id))
+		// Starting, or fenced while the database is away: it serves again
+		// as soon as it holds its lease, so the node is told to come back
+		// in a second or three rather than left to its back-off, which an
+		// outage would otherwise grow towards a minute. The pushback costs
+		// no database work; the jitter and the admission bucket spread the
+		// fleet's return.
+		return g.pushback(stream, "not-serving", notServingRetryAfter(), connect.CodeUnavailable)
 	}
 	if n > int64(g.cfg.MaxStreams) {
 		return g.pushback(stream, "max-streams", 5*time.Second+rand.N(5*time.Second), connect.CodeResourceExhausted)
@@ -180,6 +186,11 @@ func receiveError(err error) error {
 	}
 	return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("read message: %w", err))
 }
+
+// notServingRetryAfter is the retry delay a starting or fenced gateway
+// gives: 1 to 3 s, so a fleet is back within seconds of the gateway
+// serving again, spread over two seconds.
+func notServingRetryAfter() time.Duration { return time.Second + rand.N(2*time.Second) }
 
 // pushback refuses a dial: it sends Pushback{retry_after} and closes the
 // stream with code.
