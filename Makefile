@@ -324,5 +324,11 @@ packages:
 
 ## check-packages: build the amd64 packages and check them (deploy/nfpm/check.sh: contents, modes, static binary, node.env, systemd-analyze verify, maintainer scripts, rpm -qp)
 check-packages:
-	@$(MAKE) --no-print-directory packages ARCH=amd64
+	@$(MAKE) --no-print-directory packages ARCH=amd64 VERSION='$(VERSION)'
 	deploy/nfpm/check.sh $(DIST)/leasehold-node_$(PKG_VERSION)_amd64.deb $(DIST)/leasehold-node_$(PKG_VERSION)_amd64.rpm amd64
+
+## check-packages-install: install the amd64 .deb into a fresh Debian chroot (debootstrap; needs root and Debian's mirror, 2-3 minutes, so not in CI): without and with systemd, conffile kept, remove and purge
+.PHONY: check-packages-install
+check-packages-install:
+	@$(MAKE) --no-print-directory packages ARCH=amd64 VERSION='$(VERSION)'
+	deploy/nfpm/install-test.sh $(DIST)/leasehold-node_$(PKG_VERSION)_amd64.deb
