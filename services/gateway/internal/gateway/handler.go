@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -257,8 +258,8 @@ func validateHello(h *nodev1.Hello) error {
 	if len(h.GetDaemonVersion()) > maxVersionLen {
 		return fmt.Errorf("hello.daemon_version longer than %d bytes", maxVersionLen)
 	}
-	if h.GetKind() == nodev1.NodeKind_NODE_KIND_UNSPECIFIED {
-		return errors.New("hello.kind must be NODE_KIND_NODE or NODE_KIND_SITE_AGENT")
+	if k := h.GetKind(); k != nodev1.NodeKind_NODE_KIND_NODE && k != nodev1.NodeKind_NODE_KIND_SITE_AGENT {
+		return fmt.Errorf("hello.kind %d must be NODE_KIND_NODE or NODE_KIND_SITE_AGENT", k)
 	}
 	if len(h.GetInFlightCommandIds()) > maxInFlightIDs {
 		return fmt.Errorf("hello.in_flight_command_ids has %d ids, more than %d", len(h.GetInFlightCommandIds()), maxInFlightIDs)
@@ -275,9 +276,18 @@ func validateHello(h *nodev1.Hello) error {
 		if len(k) == 0 || len(k) > maxLabelLen || len(v) > maxLabelLen {
 			return fmt.Errorf("hello.labels: keys must be 1..%d bytes and values at most %d", maxLabelLen, maxLabelLen)
 		}
+		// PostgreSQL's jsonb refuses NUL: refused here, the node is told
+		// its Hello is wrong (INVALID_ARGUMENT) instead of retrying a
+		// write that can never succeed.
+		if strings.ContainsRune(k, 0) || strings.ContainsRune(v, 0) {
+			return fmt.Errorf("hello.labels: key %q holds a NUL byte", k)
+		}
 	}
 	if len(h.GetSiteId()) > maxIDLen {
 		return fmt.Errorf("hello.site_id longer than %d bytes", maxIDLen)
+	}
+	if strings.ContainsRune(h.GetSiteId(), 0) || strings.ContainsRune(h.GetDaemonVersion(), 0) {
+		return errors.New("hello.site_id and hello.daemon_version must not hold a NUL byte")
 	}
 	return nil
 }
