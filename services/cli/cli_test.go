@@ -70,6 +70,18 @@ func TestContextsAndUsage(t *testing.T) {
 	if string(b) != want {
 		t.Fatalf("config file:\n%s\nwant:\n%s", b, want)
 	}
+	// Completion: the scripts, and context names completed from the file.
+	r = e.run(t, "completion", "bash")
+	requireCode(t, r, 0)
+	requireContains(t, r.stdout, "__start_leasehold")
+	for _, sh := range []string{"zsh", "fish"} {
+		requireCode(t, e.run(t, "completion", sh), 0)
+	}
+	r = e.run(t, "__complete", "context", "use", "")
+	requireCode(t, r, 0)
+	if !strings.HasPrefix(r.stdout, "dev\nprod\n:4\n") {
+		t.Fatalf("context completion: %q", r.stdout)
+	}
 	requireCode(t, e.run(t, "context", "use", "dev"), 0)
 	requireCode(t, e.run(t, "context", "delete", "prod"), 0)
 	r = e.run(t, "context", "use", "nope")
@@ -451,6 +463,28 @@ func TestCLI(t *testing.T) {
 			t.Fatalf("shell did not end; output %q", out.String())
 		}
 		t.Logf("pty transcript: %q", out.String())
+	})
+
+	t.Run("completion of node ids", func(t *testing.T) {
+		r := e.run(t, "__complete", "nodes", "get", "node-")
+		requireCode(t, r, 0)
+		if !strings.HasPrefix(r.stdout, "node-0\nnode-1\nnode-2\n:4\n") {
+			t.Fatalf("node completion: %q", r.stdout)
+		}
+	})
+
+	t.Run("nodes ls --watch", func(t *testing.T) {
+		b := e.start(t, "nodes", "ls", "--watch", "--watch-interval", "200ms")
+		eventually(t, 30*time.Second, "the first list", func() bool { return strings.Count(b.stdout.String(), "\n") == 4 })
+		requireCode(t, e.run(t, "cordon", "node-2"), 0)
+		eventually(t, 30*time.Second, "a line for the cordoned node", func() bool {
+			return regexp.MustCompile(`(?m)^node-2 +connected +yes `).MatchString(b.stdout.String())
+		})
+		requireCode(t, e.run(t, "uncordon", "node-2"), 0)
+		signal(t, b, syscall.SIGINT)
+		if code := b.wait(t, 30*time.Second); code != 130 {
+			t.Fatalf("watch exited %d, want 130", code)
+		}
 	})
 
 	t.Run("decommission", func(t *testing.T) {
