@@ -192,9 +192,8 @@ type FileJournal struct {
 // fileEntry is a command the FileJournal knows: line is the encoded result
 // (nil while in flight and once forgotten).
 type fileEntry struct {
-	line      []byte
-	finished  bool
-	forgotten bool
+	line     []byte
+	finished bool
 }
 
 // fileLine is one line of the file: a command started (c alone), finished
@@ -283,10 +282,10 @@ func (j *FileJournal) load() error {
 // applyLocked adds a record to the in-memory state. A result, or the
 // knowledge that there was one, is final: a later start or result for the
 // same command changes nothing.
-func (j *FileJournal) applyLocked(id string, result []byte, forgotten bool) (changed bool) {
+func (j *FileJournal) applyLocked(id string, result []byte, forgotten bool) {
 	e := j.m[id]
 	if e != nil && e.finished {
-		return false
+		return
 	}
 	if e == nil {
 		e = &fileEntry{}
@@ -296,13 +295,12 @@ func (j *FileJournal) applyLocked(id string, result []byte, forgotten bool) (cha
 	}
 	if len(result) == 0 && !forgotten {
 		j.inFlight++
-		return true
+		return
 	}
 	e.finished = true
 	if forgotten {
 		// Forgotten ids come first in a compacted file, so they go before
 		// every result in order.
-		e.forgotten = true
 		j.order = append(j.order, id)
 		if j.withResult < len(j.order)-1 {
 			copy(j.order[j.withResult+1:], j.order[j.withResult:len(j.order)-1])
@@ -315,7 +313,6 @@ func (j *FileJournal) applyLocked(id string, result []byte, forgotten bool) (cha
 		j.resultBytes += int64(len(result))
 	}
 	j.evictLocked()
-	return true
 }
 
 // evictLocked drops the oldest results past KeepResults or KeepResultBytes
@@ -324,7 +321,7 @@ func (j *FileJournal) evictLocked() {
 	for n := len(j.order) - j.withResult; n > 1 && (n > j.opts.KeepResults || j.resultBytes > j.opts.KeepResultBytes); n-- {
 		e := j.m[j.order[j.withResult]]
 		j.resultBytes -= int64(len(e.line))
-		e.line, e.forgotten = nil, true
+		e.line = nil
 		j.withResult++
 	}
 	for len(j.order) > j.opts.KeepIDs {
