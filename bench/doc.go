@@ -12,6 +12,11 @@
 //   - cmd/throughput: commands/s end to end through 1 and 3 gateways, and
 //     River's jobs/s on the same server.
 //   - cmd/riverclient: the River client process the two above start.
+//   - cmd/nodeagent: the real node agent (leasehold-node) against its
+//     targets: idle RSS and CPU, exec /bin/true create-to-done and its
+//     phases, 100 MiB of live output to a live reader (docs/node.md,
+//     "Figures"); it reports, and with -gate fails on a missed target.
 //
-// `make bench-failover`, `make bench-throughput` and `make demo` run them.
+// `make bench-failover`, `make bench-throughput`, `make bench-node` and
+// `make demo` run them.
 package bench

@@ -56,7 +56,7 @@ type config struct {
 	outputSource                 string
 	phases                       map[string]bool
 	jsonPath, binDir             string
-	durable, keep                bool
+	durable, keep, gate          bool
 	agentArgs, gatewayArgs       []string
 	idleSample                   time.Duration
 	rssTargetMiB, cpuTargetPct   float64
@@ -71,10 +71,13 @@ type idleResult struct {
 	RSSLastKiB int64   `json:"rss_final_kib"`
 	// RssAnon and RssFile split the final VmRSS: anonymous memory (heap,
 	// stacks, runtime) and file pages (the binary's text and data).
-	RSSAnonKiB int64   `json:"rss_anon_final_kib"`
-	RSSFileKiB int64   `json:"rss_file_final_kib"`
-	CPUPct     float64 `json:"cpu_pct_of_one_core"`
-	CPUTicks   int64   `json:"cpu_ticks"`
+	RSSAnonKiB int64 `json:"rss_anon_final_kib"`
+	RSSFileKiB int64 `json:"rss_file_final_kib"`
+	// PSS (smaps_rollup) shares the binary\'s file pages among the agents
+	// that map it: what one agent costs the machine beside another.
+	PSSKiB   int64   `json:"pss_final_kib"`
+	CPUPct   float64 `json:"cpu_pct_of_one_core"`
+	CPUTicks int64   `json:"cpu_ticks"`
 	// Go runtime figures from the agent's /metrics at the window's end.
 	Runtime   map[string]float64 `json:"runtime,omitempty"`
 	LoadStart string             `json:"load_average_start"`
@@ -177,6 +180,7 @@ func main() {
 	flag.StringVar(&c.binDir, "bin", "", "use prebuilt leasehold-<service> binaries from this directory (default: build)")
 	flag.BoolVar(&c.durable, "durable", true, "local PostgreSQL with fsync and synchronous_commit on")
 	flag.BoolVar(&c.keep, "keep", false, "keep the work directory (process logs, agents' state)")
+	flag.BoolVar(&c.gate, "gate", false, "exit 1 when a measured target is missed (default: report only)")
 	flag.Float64Var(&c.rssTargetMiB, "rss-target-mib", 15, "idle RSS target")
 	flag.Float64Var(&c.cpuTargetPct, "cpu-target-pct", 0.1, "idle CPU target, % of one core")
 	flag.Float64Var(&c.execTargetP50, "exec-target-p50", 0.050, "exec create-to-done p50 target, seconds")
@@ -223,6 +227,28 @@ func main() {
 		fmt.Fprintln(os.Stderr, "nodeagent:", err)
 		os.Exit(2)
 	}
+	if c.gate && res.missed() {
+		fmt.Fprintln(os.Stderr, "nodeagent: a target was missed")
+		os.Exit(1)
+	}
+}
+
+// missed reports whether a measured target was missed.
+func (r *result) missed() bool {
+	for _, i := range r.Idle {
+		if !i.RSSOK || !i.CPUOK {
+			return true
+		}
+	}
+	if r.Exec != nil && !r.Exec.OK {
+		return true
+	}
+	for _, o := range r.Output {
+		if !o.TargetMet {
+			return true
+		}
+	}
+	return false
 }
 
 // stack is the running control plane and agents.
@@ -411,6 +437,7 @@ func measureIdle(ctx context.Context, c config, s *stack) ([]idleResult, error) 
 		o := &out[i]
 		o.RSSAnonKiB, _ = statusKiB(a.Cmd.Process.Pid, "RssAnon:")
 		o.RSSFileKiB, _ = statusKiB(a.Cmd.Process.Pid, "RssFile:")
+		o.PSSKiB, _ = procKiB(fmt.Sprintf("/proc/%d/smaps_rollup", a.Cmd.Process.Pid), "Pss:")
 		o.WindowS = el
 		o.CPUTicks = t1 - t0[i]
 		o.CPUPct = float64(o.CPUTicks) / 100 / el * 100
@@ -418,8 +445,8 @@ func measureIdle(ctx context.Context, c config, s *stack) ([]idleResult, error) 
 		o.Runtime = scrapeRuntime(ctx, a)
 		o.RSSOK = float64(o.RSSMaxKiB) <= c.rssTargetMiB*1024
 		o.CPUOK = o.CPUPct <= c.cpuTargetPct
-		logf("  %s: RSS max %.1f MiB final %.1f MiB (anon %.1f, file %.1f), CPU %.3f%% of a core (%d ticks in %.0f s); heap in use %.1f MiB, goroutines %.0f (load %s .. %s)",
-			o.Agent, float64(o.RSSMaxKiB)/1024, float64(o.RSSLastKiB)/1024, float64(o.RSSAnonKiB)/1024, float64(o.RSSFileKiB)/1024, o.CPUPct, o.CPUTicks, el,
+		logf("  %s: RSS max %.1f MiB final %.1f MiB (anon %.1f, file %.1f; PSS %.1f), CPU %.3f%% of a core (%d ticks in %.0f s); heap in use %.1f MiB, goroutines %.0f (load %s .. %s)",
+			o.Agent, float64(o.RSSMaxKiB)/1024, float64(o.RSSLastKiB)/1024, float64(o.RSSAnonKiB)/1024, float64(o.RSSFileKiB)/1024, float64(o.PSSKiB)/1024, o.CPUPct, o.CPUTicks, el,
 			o.Runtime["go_memstats_heap_inuse_bytes"]/(1<<20), o.Runtime["go_goroutines"], o.LoadStart, o.LoadEnd)
 	}
 	return out, nil
@@ -773,7 +800,12 @@ func rssKiB(pid int) (int64, error) { return statusKiB(pid, "VmRSS:") }
 
 // statusKiB is the field (e.g. "VmRSS:") of /proc/<pid>/status, in KiB.
 func statusKiB(pid int, field string) (int64, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	return procKiB(fmt.Sprintf("/proc/%d/status", pid), field)
+}
+
+// procKiB is the "<field> <n> kB" line of a /proc file, in KiB.
+func procKiB(path, field string) (int64, error) {
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		return 0, err
 	}
@@ -784,7 +816,7 @@ func statusKiB(pid int, field string) (int64, error) {
 			return kb, err
 		}
 	}
-	return 0, fmt.Errorf("/proc/%d/status: no %s", pid, field)
+	return 0, fmt.Errorf("%s: no %s", path, field)
 }
 
 // syscallTimes is the bench process's own CPU time.
