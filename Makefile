@@ -258,6 +258,15 @@ bench-throughput:
 	@mkdir -p $(BENCH_RESULTS)
 	cd bench && go run ./cmd/throughput -json $(BENCH_RESULTS)/throughput.json
 
+## bench-node: the real leasehold-node against its targets: idle RSS and CPU, exec /bin/true
+## create-to-done (p50/p90/p99 and its phases), 100 MiB of live output to a live reader at the
+## default and raised output caps. NODE_BENCH_ARGS passes flags (e.g. -idle 10s -execs 50).
+NODE_BENCH_ARGS ?=
+.PHONY: bench-node
+bench-node:
+	@mkdir -p $(BENCH_RESULTS)
+	cd bench && go run ./cmd/nodeagent -out $(BENCH_RESULTS)/nodeagent.json $(NODE_BENCH_ARGS)
+
 ## demo: PostgreSQL, the whole control plane, 300 simulated nodes; kills a gateway and shows the recovery live
 demo:
 	@$(BENCH_HAPROXY)
