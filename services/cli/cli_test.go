@@ -3,6 +3,7 @@ package main_test
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +19,7 @@ import (
 	"github.com/creack/pty"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/leasehold/leasehold/pkg/fleettest"
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/proctest"
@@ -372,7 +374,7 @@ func TestCLI(t *testing.T) {
 		})
 		r := e.run(t, "drain", "node-2", "--timeout", "2s", "--reason", "test")
 		requireCode(t, r, 1)
-		requireContains(t, r.stderr, "node node-2 not drained within 2s (it stays cordoned): commands ["+id+"]")
+		requireContains(t, r.stderr, "node node-2 not drained within 2s (it stays cordoned): commands "+id+"\n")
 		r = e.run(t, "cancel", id)
 		requireCode(t, r, 0)
 		requireContains(t, r.stdout, "command "+id+": cancelled")
@@ -415,9 +417,35 @@ func TestCLI(t *testing.T) {
 		if code := b.wait(t, 30*time.Second); code != 0 {
 			t.Fatalf("port-forward exited %d: %s", code, b.stderr)
 		}
-		// A port outside the node's allowlist is refused per connection.
-		r := e.run(t, "port-forward", "no-such-node", "0:80", "--bogus")
-		requireCode(t, r, 2)
+		// A port outside the node's allowlist: the forward listens, and each
+		// connection is refused (and closed) with the daemon's reason.
+		b = e.start(t, "port-forward", "node-0", "0:1")
+		eventually(t, 30*time.Second, "Forwarding from", func() bool { return strings.HasPrefix(b.stdout.String(), "Forwarding from 127.0.0.1:") })
+		local = regexp.MustCompile(`127\.0\.0\.1:(\d+)`).FindStringSubmatch(b.stdout.String())[1]
+		c, err := net.Dial("tcp", "127.0.0.1:"+local)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		if n, err := c.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+			t.Fatalf("a refused tunnel's connection: read %d, %v; want EOF", n, err)
+		}
+		_ = c.Close()
+		eventually(t, 10*time.Second, "the refusal on stderr", func() bool {
+			return strings.Contains(b.stderr.String(), "leasehold: permission_denied: ") && strings.Contains(b.stderr.String(), "allowlist")
+		})
+		signal(t, b, syscall.SIGINT)
+		if code := b.wait(t, 30*time.Second); code != 0 {
+			t.Fatalf("port-forward exited %d", code)
+		}
+	})
+
+	t.Run("tunnel to a node that is not connected", func(t *testing.T) {
+		fleettest.RegisterNodes(t, s.db.Pool, "idle", 1)
+		r := e.run(t, "shell", "idle-0")
+		requireCode(t, r, 1)
+		requireContains(t, r.stderr, "leasehold: unavailable: ")
+		requireContains(t, r.stderr, "hint: node idle-0 is not connected")
 	})
 
 	t.Run("shell through pipes", func(t *testing.T) {
@@ -474,7 +502,7 @@ func TestCLI(t *testing.T) {
 	})
 
 	t.Run("nodes ls --watch", func(t *testing.T) {
-		b := e.start(t, "nodes", "ls", "--watch", "--watch-interval", "200ms")
+		b := e.start(t, "nodes", "ls", "-l", "role", "--watch", "--watch-interval", "200ms")
 		eventually(t, 30*time.Second, "the first list", func() bool { return strings.Count(b.stdout.String(), "\n") == 4 })
 		requireCode(t, e.run(t, "cordon", "node-2"), 0)
 		eventually(t, 30*time.Second, "a line for the cordoned node", func() bool {

@@ -42,9 +42,9 @@ func (t *target) describeTokenSource() string {
 
 func (t *target) describe() string {
 	if t.name == "" {
-		return "api " + t.api
+		return "--api " + t.api
 	}
-	return fmt.Sprintf("context %q (api %s)", t.name, t.api)
+	return fmt.Sprintf("context %q", t.name)
 }
 
 const noContextHint = "run 'leasehold context set dev --api http://127.0.0.1:8080 --token-env LEASEHOLD_TOKEN', or pass --api"
@@ -104,7 +104,7 @@ func (a *app) token(t *target) (string, error) {
 	}
 	tok := strings.TrimSpace(a.getenv(t.tokenEnv))
 	if tok == "" {
-		return "", fmt.Errorf("environment variable %s (the token of %s) is not set", t.tokenEnv, t.describe())
+		return "", fmt.Errorf("%s takes its token from environment variable %s, which is not set", t.describe(), t.tokenEnv)
 	}
 	return tok, nil
 }
@@ -163,7 +163,7 @@ func (a *app) dial() (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.debugf("%s, token from %s", t.describe(), t.describeTokenSource())
+	a.debugf("%s: api %s, token from %s", t.describe(), t.api, t.describeTokenSource())
 	interceptors := []connect.Interceptor{apiclient.NewBearer(func(context.Context) (string, error) { return a.token(t) })}
 	if a.verbose {
 		interceptors = append(interceptors, &logInterceptor{a: a})
@@ -175,9 +175,9 @@ func (a *app) dial() (*session, error) {
 func (s *session) explain(err error) error {
 	switch connect.CodeOf(err) {
 	case connect.CodeUnauthenticated:
-		return withHint(err, fmt.Sprintf("the token of %s, from %s, was refused: check that leasehold-api knows it", s.t.describe(), s.t.describeTokenSource()))
+		return withHint(err, fmt.Sprintf("%s takes its token from %s, and the api refused it: check that it holds a token leasehold-api knows", s.t.describe(), s.t.describeTokenSource()))
 	case connect.CodePermissionDenied:
-		return withHint(err, fmt.Sprintf("the role of the token of %s (from %s) may not do this (roles: docs/api.md)", s.t.describe(), s.t.describeTokenSource()))
+		return withHint(err, fmt.Sprintf("%s takes its token from %s, whose role may not do this (roles: docs/api.md)", s.t.describe(), s.t.describeTokenSource()))
 	case connect.CodeUnavailable:
 		var ne *net.OpError
 		if errors.As(err, &ne) {

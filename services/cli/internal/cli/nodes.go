@@ -353,6 +353,7 @@ const maxDrainWait = 60 * time.Second
 // says the node is drained or timeout passed; progress says what still runs.
 func (a *app) drainLoop(ctx context.Context, node string, timeout time.Duration, call func(wait time.Duration) (done bool, running, leases []string, err error)) error {
 	deadline := time.Now().Add(timeout)
+	lastShown := ""
 	for {
 		wait := min(max(time.Until(deadline), 0), maxDrainWait).Truncate(time.Second)
 		done, running, leases, err := call(wait)
@@ -365,11 +366,14 @@ func (a *app) drainLoop(ctx context.Context, node string, timeout time.Duration,
 		if done {
 			return nil
 		}
+		holds := holding(running, leases)
 		if !time.Now().Before(deadline) {
-			return &exitError{code: exitFailed, msg: fmt.Sprintf("node %s not drained within %s (it stays cordoned): commands [%s], pool leases [%s]",
-				node, timeout, strings.Join(running, " "), strings.Join(leases, " "))}
+			return &exitError{code: exitFailed, msg: fmt.Sprintf("node %s not drained within %s (it stays cordoned): %s", node, timeout, holds)}
 		}
-		_, _ = fmt.Fprintf(a.stderr, "node/%s: waiting for commands [%s], pool leases [%s]\n", node, strings.Join(running, " "), strings.Join(leases, " "))
+		if holds != lastShown {
+			_, _ = fmt.Fprintf(a.stderr, "node/%s: waiting for %s\n", node, holds)
+			lastShown = holds
+		}
 		if wait < time.Second {
 			select {
 			case <-ctx.Done():
@@ -378,6 +382,21 @@ func (a *app) drainLoop(ctx context.Context, node string, timeout time.Duration,
 			}
 		}
 	}
+}
+
+// holding says what still holds a node: its commands and pool leases.
+func holding(running, leases []string) string {
+	var parts []string
+	if len(running) > 0 {
+		parts = append(parts, "commands "+strings.Join(running, " "))
+	}
+	if len(leases) > 0 {
+		parts = append(parts, "pool leases "+strings.Join(leases, " "))
+	}
+	if len(parts) == 0 {
+		return "nothing listed"
+	}
+	return strings.Join(parts, "; ")
 }
 
 func (a *app) drainCommand() *cobra.Command {
