@@ -32,12 +32,19 @@ type nodeFleet struct {
 
 func startNodes(t *testing.T, address string, ids, creds []string) *nodeFleet {
 	t.Helper()
+	return startNodesBackoff(t, address, ids, creds, 100*time.Millisecond, time.Second)
+}
+
+// startNodesBackoff is startNodes with the daemons' redial back-off bounds
+// (the defaults are 1 s and 60 s).
+func startNodesBackoff(t *testing.T, address string, ids, creds []string, base, limit time.Duration) *nodeFleet {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &nodeFleet{executions: map[string]int{}, cancel: cancel}
 	for i := range ids {
 		d, err := daemon.New(daemon.Config{
 			Address: address, NodeID: ids[i], Credential: creds[i],
-			BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second,
+			BackoffBase: base, BackoffMax: limit,
 			Handler: func(ctx context.Context, c *nodev1.Command) daemon.Outcome {
 				f.mu.Lock()
 				f.executions[c.GetCommandId()]++
