@@ -1,6 +1,9 @@
 package api
 
-import "github.com/leasehold/leasehold/pkg/nodeauth"
+import (
+	"github.com/leasehold/leasehold/pkg/cmdstore"
+	"github.com/leasehold/leasehold/pkg/nodeauth"
+)
 
 // ControlService's statements, one per purpose, always parameterised. Every
 // time comparison uses compute_now().
@@ -77,20 +80,12 @@ const listCommandsSQL = commandSelect + `
    AND ($3 = '' OR node_id = $3) AND ($4 = '' OR state = $4)
  ORDER BY created_at DESC, id DESC LIMIT $5`
 
-// lockNodeForCommandSQL checks the node and holds off its revocation (which
-// takes FOR UPDATE) until the command is in; it does not block the
-// gateway's state updates (FOR NO KEY UPDATE).
-const lockNodeForCommandSQL = `SELECT state, compute_now() FROM nodes WHERE id = $1 FOR KEY SHARE`
+// lockNodeForCommandSQL and insertCommandSQL are pkg/cmdstore's, the one
+// owner of "insert a command" (the worker's runs reconciler inserts through
+// it too): the node check, then the insert returning what scanCommand reads.
+const lockNodeForCommandSQL = cmdstore.LockNodeSQL
 
-// insertCommandSQL names the conflict target with its predicate (WHERE
-// idempotency_key IS NOT NULL): it infers today's UNIQUE (node_id,
-// idempotency_key) and equally a partial unique index on the keyed rows
-// only, so a later migration can stop indexing the keyless majority
-// without breaking an api still running this statement
-// (docs/decisions.md, "The idempotency index can become partial").
-const insertCommandSQL = `
-INSERT INTO commands (node_id, kind, payload, deadline, idempotency_key, traceparent) VALUES ($1, $2, $3, $4, $5, $6)
-ON CONFLICT (node_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING` + commandReturning
+const insertCommandSQL = cmdstore.InsertSQL + commandReturning
 
 // cancelCommandSQL cancels a command that has not finished; one already
 // given to its node (dispatched or acknowledged) also gets
