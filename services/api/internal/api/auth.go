@@ -32,11 +32,18 @@ var requiredRoles = map[string]apiauth.Role{
 	controlv1connect.ControlServiceListGatewaysProcedure:   apiauth.RoleViewer,
 	// Live output (issue 19).
 	controlv1connect.ControlServiceStreamCommandOutputProcedure: apiauth.RoleViewer,
+	// Runs: reads for viewers, changes for operators.
+	controlv1connect.ControlServiceGetRunProcedure:         apiauth.RoleViewer,
+	controlv1connect.ControlServiceListRunsProcedure:       apiauth.RoleViewer,
+	controlv1connect.ControlServiceWaitRunProcedure:        apiauth.RoleViewer,
+	controlv1connect.ControlServiceStreamRunNodesProcedure: apiauth.RoleViewer,
 
 	controlv1connect.ControlServiceCreateCommandProcedure:    apiauth.RoleOperator,
 	controlv1connect.ControlServiceCancelCommandProcedure:    apiauth.RoleOperator,
 	controlv1connect.ControlServiceCreatePoolLeaseProcedure:  apiauth.RoleOperator,
 	controlv1connect.ControlServiceReleasePoolLeaseProcedure: apiauth.RoleOperator,
+	controlv1connect.ControlServiceCreateRunProcedure:        apiauth.RoleOperator,
+	controlv1connect.ControlServiceCancelRunProcedure:        apiauth.RoleOperator,
 
 	controlv1connect.ControlServiceRegisterNodeProcedure: apiauth.RoleAdmin,
 	controlv1connect.ControlServiceRevokeNodeProcedure:   apiauth.RoleAdmin,

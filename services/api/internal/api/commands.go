@@ -25,16 +25,26 @@ type createCommand struct {
 	key      *string
 }
 
+// checkKindPayloadSize checks a command's kind and its payload's size
+// (CreateCommand and CreateRun); the payload's content is checkPayload's,
+// run after every other field.
+func checkKindPayloadSize(kind string, payload []byte, maxPayload int) error {
+	if err := checkRE("kind", kind, kindRE); err != nil {
+		return err
+	}
+	if len(payload) > maxPayload {
+		return invalid("payload", "must be at most %d bytes (--api.max-payload-bytes), got %d", maxPayload, len(payload))
+	}
+	return nil
+}
+
 func validateCreateCommand(m *controlv1.CreateCommandRequest, defaultTimeout time.Duration, maxPayload int) (createCommand, error) {
 	var c createCommand
 	if err := checkRE("node_id", m.GetNodeId(), idRE); err != nil {
 		return c, err
 	}
-	if err := checkRE("kind", m.GetKind(), kindRE); err != nil {
+	if err := checkKindPayloadSize(m.GetKind(), m.GetPayload(), maxPayload); err != nil {
 		return c, err
-	}
-	if len(m.GetPayload()) > maxPayload {
-		return c, invalid("payload", "must be at most %d bytes (--api.max-payload-bytes), got %d", maxPayload, len(m.GetPayload()))
 	}
 	switch e := m.GetExpiry().(type) {
 	case *controlv1.CreateCommandRequest_Deadline:
@@ -210,31 +220,48 @@ func (h *Handler) CancelCommand(ctx context.Context, req *connect.Request[contro
 	}
 	var cmd *controlv1.Command
 	err := pgdb.InTx(ctx, h.db, func(tx pgx.Tx) error {
-		ev := auditEvent{Method: "CancelCommand", TargetKind: "command", TargetID: id}
 		var err error
-		cmd, _, err = scanCommand(tx.QueryRow(ctx, cancelCommandSQL, id))
-		if errors.Is(err, pgx.ErrNoRows) {
-			cmd, _, err = scanCommand(tx.QueryRow(ctx, getCommandSQL, id))
-			if errors.Is(err, pgx.ErrNoRows) {
-				return notFound("command_id", "command", id)
-			}
-			ev.Outcome = "unchanged"
-		}
-		if err != nil {
-			return err
-		}
-		ev.Detail = map[string]any{"node_id": cmd.GetNodeId(), "state": dbName(commandStates, cmd.GetState()),
-			"deliver_to_node": ev.Outcome == "" && cmd.GetCancelRequestedAt() != nil}
-		return h.recordAudit(ctx, tx, ev)
+		cmd, err = h.cancelCommandTx(ctx, tx, id, nil)
+		return err
 	})
 	if err != nil {
 		return nil, h.fail(ctx, "cancel command", err)
 	}
+	h.wakeCancelled(cmd)
+	return connect.NewResponse(&controlv1.CancelCommandResponse{Command: cmd}), nil
+}
+
+// cancelCommandTx is CancelCommand's change in tx: it cancels command id
+// if it has not finished (asking its node to stop when it was given one)
+// and records the audit row, with extra facts in detail (CancelRun names
+// its run). The caller calls wakeCancelled after the commit.
+func (h *Handler) cancelCommandTx(ctx context.Context, tx pgx.Tx, id string, detail map[string]any) (*controlv1.Command, error) {
+	ev := auditEvent{Method: "CancelCommand", TargetKind: "command", TargetID: id}
+	cmd, _, err := scanCommand(tx.QueryRow(ctx, cancelCommandSQL, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		cmd, _, err = scanCommand(tx.QueryRow(ctx, getCommandSQL, id))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, notFound("command_id", "command", id)
+		}
+		ev.Outcome = "unchanged"
+	}
+	if err != nil {
+		return nil, err
+	}
+	ev.Detail = map[string]any{"node_id": cmd.GetNodeId(), "state": dbName(commandStates, cmd.GetState()),
+		"deliver_to_node": ev.Outcome == "" && cmd.GetCancelRequestedAt() != nil}
+	for k, v := range detail {
+		ev.Detail[k] = v
+	}
+	return cmd, h.recordAudit(ctx, tx, ev)
+}
+
+// wakeCancelled wakes the gateway of a cancelled command's node, after the
+// commit, when the node must be told (as for a new command).
+func (h *Handler) wakeCancelled(cmd *controlv1.Command) {
 	if cmd.GetCancelRequestedAt() != nil && !cmd.GetCancelConfirmed() {
-		// After the commit: wake the node's gateway as for a new command.
 		h.wake.Created(cmd.GetNodeId())
 	}
-	return connect.NewResponse(&controlv1.CancelCommandResponse{Command: cmd}), nil
 }
 
 // waitMargin is kept back from the caller's own deadline so the answer
