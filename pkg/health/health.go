@@ -124,6 +124,18 @@ func (h *Handler) serveChecks(which func() map[string]Check) http.HandlerFunc {
 		if !ok {
 			status = http.StatusServiceUnavailable
 		}
+		// Which checks ran and why one failed is detail for operators:
+		// shown with the health token only, since /livez and /readyz
+		// themselves answer anyone (probes carry no token).
+		if !Authorized(r, h.token) {
+			w.WriteHeader(status)
+			if ok {
+				fmt.Fprintln(w, "ok")
+			} else {
+				fmt.Fprintln(w, "not ok (checks and errors: ?verbose with the health token, or /healthz/detail)")
+			}
+			return
+		}
 		if r.URL.Query().Has("verbose") || !ok {
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 			w.WriteHeader(status)
