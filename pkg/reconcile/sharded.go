@@ -33,6 +33,24 @@ type Sharded struct {
 
 type leaseKey struct{}
 
+type afterCommitKey struct{}
+
+// afterCommit collects the functions of one reconcile attempt.
+type afterCommit struct{ fns []func() }
+
+// AfterCommit registers fn to run once the sharded reconcile transaction of
+// ctx has committed (never when it rolls back or is refused by the fence),
+// for side effects that must not be seen before the rows they announce,
+// such as a NOTIFY through pkg/cmdwake. It returns false, and does nothing,
+// when ctx is not a sharded reconcile's.
+func AfterCommit(ctx context.Context, fn func()) bool {
+	ac, ok := ctx.Value(afterCommitKey{}).(*afterCommit)
+	if ok {
+		ac.fns = append(ac.fns, fn)
+	}
+	return ok
+}
+
 // LeaseFrom returns the shard lease a sharded reconcile runs under (its
 // epoch is the fencing token to record, e.g. on an allocation).
 func LeaseFrom(ctx context.Context) (coord.Lease, bool) {
@@ -106,9 +124,12 @@ func (rt *Runtime) runOne(ctx context.Context, s Sharded, it queue.Item) {
 		return
 	}
 	start := rt.clock.Now()
+	ac := &afterCommit{}
 	err := coord.RunFenced(ctx, rt.db, lease, rt.fenceOptions(),
 		func(ctx context.Context, tx pgx.Tx) error {
+			ac.fns = ac.fns[:0] // a retried attempt starts afresh
 			ctx = context.WithValue(ctx, leaseKey{}, lease)
+			ctx = context.WithValue(ctx, afterCommitKey{}, ac)
 			if err := s.Reconcile(ctx, tx, it.Key); err != nil {
 				return err
 			}
@@ -119,6 +140,9 @@ func (rt *Runtime) runOne(ctx context.Context, s Sharded, it queue.Item) {
 	switch {
 	case err == nil:
 		rt.m.runs.WithLabelValues(s.Name, "ok").Inc()
+		for _, fn := range ac.fns {
+			fn()
+		}
 	case errors.Is(err, coord.ErrLeaseLost):
 		rt.m.runs.WithLabelValues(s.Name, "lease_lost").Inc()
 		rt.m.fenceFailures.WithLabelValues("shard").Inc()
