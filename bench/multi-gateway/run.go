@@ -344,11 +344,15 @@ func startSiteAgents(ctx context.Context, f *fleet.Fleet, n int, binDir string) 
 			logf("note: site agents skipped: register %s: %v", id, err)
 			return
 		}
-		cache := filepath.Join(f.Dir, id+"-cache")
+		// Its cache and TFTP root live in the run's directory, so a fresh
+		// machine without /var/lib/leasehold runs the demo too.
+		cache, tftpRoot := filepath.Join(f.Dir, id+"-cache"), filepath.Join(f.Dir, id+"-tftp")
 		_ = os.MkdirAll(cache, 0o755)
+		_ = os.MkdirAll(tftpRoot, 0o755)
 		p, err := f.Sup.Start(id, bins["site-agent"], []string{"LEASEHOLD_NODE_CREDENTIAL=" + cred},
 			"--gateway-url", f.Address(), "--node-id", id, "--site-id", "site-1", "--http-addr", harness.FreeAddr(),
 			"--dhcp.listen-addr", harness.FreeAddr(), "--dhcp.server-ip", "127.0.0.1", "--boot.listen-addr", harness.FreeAddr(),
+			"--tftp.root", tftpRoot, "--tftp.listen-addr", harness.FreeAddr(), "--dhcp.pxe-listen-addr", "",
 			"--cache.dir", cache, "--log-format", "text", "--log-level", "warn")
 		if err == nil {
 			err = p.WaitReady(ctx, 30*time.Second)
@@ -364,7 +368,11 @@ func startSiteAgents(ctx context.Context, f *fleet.Fleet, n int, binDir string) 
 			}
 		}
 		if err != nil {
-			logf("note: site agent %s did not come up; going on without site agents: %v", id, firstLine(err.Error()))
+			var last string
+			if p != nil {
+				last = lastLine(p.Tail())
+			}
+			logf("note: site agent %s did not come up; going on without site agents: %v (its last log line: %s)", id, firstLine(err.Error()), last)
 			if p != nil && !p.Exited() {
 				p.Kill()
 			}
@@ -372,6 +380,12 @@ func startSiteAgents(ctx context.Context, f *fleet.Fleet, n int, binDir string) 
 		}
 		logf("site agent %s connected through the balancer as a node of site-1", id)
 	}
+}
+
+// lastLine is the last non-empty line of s, for an error message.
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return lines[len(lines)-1]
 }
 
 func firstLine(s string) string {
