@@ -226,16 +226,19 @@ func (a *app) logsCommand() *cobra.Command {
 
 // streamOutput reads a command's output from offset and hands each piece
 // to emit, until the stream ends (the command finished and everything was
-// sent), or, when stop >= 0, once stop bytes were read. A stream that ends
-// with DEADLINE_EXCEEDED (the api's 60 s bound) or UNAVAILABLE is resumed
-// from the next offset. It returns the offset reached and whether the
-// output was truncated.
+// sent), or, when stop >= 0, once stop bytes were read. A stream the api
+// ends with DEADLINE_EXCEEDED (its 60 s bound on one call) is resumed from
+// the next offset at once, however often; one that ends UNAVAILABLE (a
+// replica stopping) is resumed after a back-off, up to 5 times in a row
+// without data. It returns the offset reached and whether the output was
+// truncated.
 func (s *session) streamOutput(ctx context.Context, id string, offset, stop int64, emit func(nodev1.OutputStream, []byte)) (int64, bool, error) {
 	retries := 0
 	for {
 		if stop >= 0 && offset >= stop {
 			return offset, false, nil
 		}
+		opened := time.Now()
 		st, err := s.client.StreamCommandOutput(ctx, connect.NewRequest(&controlv1.StreamCommandOutputRequest{CommandId: id, Offset: offset}))
 		if err != nil {
 			return offset, false, s.explain(err)
@@ -272,7 +275,16 @@ func (s *session) streamOutput(ctx context.Context, id string, offset, stop int6
 			return offset, truncated, nil
 		}
 		code := connect.CodeOf(err)
-		if ctx.Err() != nil || (code != connect.CodeDeadlineExceeded && code != connect.CodeUnavailable) || retries >= 5 {
+		if ctx.Err() != nil {
+			return offset, truncated, ctx.Err()
+		}
+		if code == connect.CodeDeadlineExceeded {
+			if time.Since(opened) < time.Second { // not the 60 s bound: do not spin
+				time.Sleep(500 * time.Millisecond)
+			}
+			continue
+		}
+		if code != connect.CodeUnavailable || retries >= 5 {
 			return offset, truncated, s.explain(err)
 		}
 		retries++

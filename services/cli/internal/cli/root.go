@@ -5,7 +5,6 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -115,7 +114,3 @@ func exactArgs(n int, names string) cobra.PositionalArgs {
 
 // interrupted is the error of a command that stopped on Ctrl-C.
 var interrupted = &exitError{code: exitInterrupted}
-
-func isCanceled(ctx context.Context, err error) bool {
-	return ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, ctx.Err()))
-}
