@@ -23,6 +23,7 @@ import (
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/proctest"
+	"github.com/leasehold/leasehold/pkg/tlstest"
 )
 
 func requireCode(t *testing.T, r result, want int) {
@@ -491,6 +492,27 @@ func TestCLI(t *testing.T) {
 			t.Fatalf("shell did not end; output %q", out.String())
 		}
 		t.Logf("pty transcript: %q", out.String())
+	})
+
+	t.Run("https api with a CA file", func(t *testing.T) {
+		ca := tlstest.NewCA(t)
+		certFile, keyFile := tlstest.WriteKeyPair(t, ca.Server(t))
+		url := s.startTLSAPI(t, certFile, keyFile)
+		requireCode(t, e.run(t, "context", "set", "tls", "--api", url, "--token-env", "LEASEHOLD_TEST_TOKEN", "--ca-file", ca.WriteCA(t)), 0)
+		r := e.run(t, "--context", "tls", "nodes", "ls", "-l", "role=db")
+		requireCode(t, r, 0)
+		requireContains(t, r.stdout, "node-1")
+		// A bidi stream (a shell through pipes) over HTTP/2 with TLS.
+		r = e.runIn(t, "echo over-tls\nexit 6\n", "--context", "tls", "shell", "node-0")
+		requireCode(t, r, 6)
+		if r.stdout != "over-tls\n" {
+			t.Fatalf("stdout %q", r.stdout)
+		}
+		// Without the CA the server is not trusted.
+		r = e.run(t, "--api", url, "--token-file", writeFile(t, adminToken), "nodes", "ls")
+		requireCode(t, r, 1)
+		requireContains(t, r.stderr, "certificate")
+		requireContains(t, r.stderr, "hint: the api's certificate is not trusted")
 	})
 
 	t.Run("completion of node ids", func(t *testing.T) {

@@ -169,7 +169,9 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() bo
 // relay, a worker, an api, and three in-process daemons running the real
 // executor of typed kinds.
 type stack struct {
-	db      *pgtest.DB
+	db *pgtest.DB
+	// relayTokenFile is the gateways' relay token, for another api.
+	relayTokenFile string
 	apiURL  string
 	client  controlv1connect.ControlServiceClient
 	nodes   []string
@@ -219,7 +221,7 @@ func startStack(t *testing.T) *stack {
 		wg.Go(func() { _ = d.Run(ctx) })
 		t.Cleanup(func() { cancel(); wg.Wait(); exe.Close() })
 	}
-	s := &stack{db: db, apiURL: "http://" + apiAddr, nodes: ids, webPort: webPort,
+	s := &stack{db: db, relayTokenFile: tokenFile, apiURL: "http://" + apiAddr, nodes: ids, webPort: webPort,
 		client: controlv1connect.NewControlServiceClient(http.DefaultClient, "http://"+apiAddr,
 			connect.WithInterceptors(apiclient.NewBearer(apiclient.StaticToken(adminToken))))}
 	eventually(t, time.Minute, "every node connected", func() bool {
@@ -227,6 +229,19 @@ func startStack(t *testing.T) *stack {
 		return err == nil && len(res.Msg.GetNodes()) == len(ids)
 	})
 	return s
+}
+
+// startTLSAPI starts a second api serving TLS with certFile and keyFile
+// and returns its https URL.
+func (s *stack) startTLSAPI(t *testing.T, certFile, keyFile string) string {
+	t.Helper()
+	addr := fleettest.Addr(t)
+	args := append([]string{"--database-url", s.db.URL, "--http-addr", fleettest.Addr(t), "--id", "api_cli_tls", "--log-format", "text",
+		"--listen-addr", addr, "--api.relay-token-file", s.relayTokenFile, "--api.tls-cert", certFile, "--api.tls-key", keyFile},
+		fleettest.DBFlags(s.db.URL)...)
+	p := proctest.Start(t, "api_cli_tls", apiBinary(t), []string{"LEASEHOLD_API_TOKENS=admin:" + adminToken}, args...)
+	p.WaitReady(60 * time.Second)
+	return "https://" + addr
 }
 
 // apiBinary is leasehold-api built from this tree, or the binary named by

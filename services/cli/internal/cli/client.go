@@ -179,6 +179,11 @@ func (s *session) explain(err error) error {
 	case connect.CodePermissionDenied:
 		return withHint(err, fmt.Sprintf("%s takes its token from %s, whose role may not do this (roles: docs/api.md)", s.t.describe(), s.t.describeTokenSource()))
 	case connect.CodeUnavailable:
+		var ue x509.UnknownAuthorityError
+		var he x509.HostnameError
+		if errors.As(err, &ue) || errors.As(err, &he) || strings.Contains(err.Error(), "x509: ") {
+			return withHint(err, fmt.Sprintf("the api's certificate is not trusted: give %s the CA that signed it (leasehold context set NAME --ca-file FILE)", s.t.describe()))
+		}
 		var ne *net.OpError
 		if errors.As(err, &ne) {
 			return withHint(err, "is leasehold-api running at "+s.t.api+"?")
