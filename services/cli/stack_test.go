@@ -172,10 +172,10 @@ type stack struct {
 	db *pgtest.DB
 	// relayTokenFile is the gateways' relay token, for another api.
 	relayTokenFile string
-	apiURL  string
-	client  controlv1connect.ControlServiceClient
-	nodes   []string
-	webPort uint32
+	apiURL         string
+	client         controlv1connect.ControlServiceClient
+	nodes          []string
+	webPort        uint32
 }
 
 var nodeLabels = []map[string]string{
