@@ -491,6 +491,36 @@ func TestInvalidArgumentsWriteNothing(t *testing.T) {
 			_, err := a.ListAuditEvents(ctx, connect.NewRequest(&controlv1.ListAuditEventsRequest{PageToken: "bm90LWEtdG9rZW4"}))
 			return err
 		}},
+		// Runs (runs_test.go has the full table)
+		{"run no target", "target", func() error {
+			_, err := o.CreateRun(ctx, connect.NewRequest(&controlv1.CreateRunRequest{Kind: "exec"}))
+			return err
+		}},
+		{"get run id", "run_id", func() error {
+			_, err := v.GetRun(ctx, connect.NewRequest(&controlv1.GetRunRequest{RunId: "a b"}))
+			return err
+		}},
+		{"list runs state", "state", func() error {
+			_, err := v.ListRuns(ctx, connect.NewRequest(&controlv1.ListRunsRequest{State: 99}))
+			return err
+		}},
+		{"cancel run id", "run_id", func() error {
+			_, err := o.CancelRun(ctx, connect.NewRequest(&controlv1.CancelRunRequest{}))
+			return err
+		}},
+		{"wait run timeout", "timeout", func() error {
+			_, err := v.WaitRun(ctx, connect.NewRequest(&controlv1.WaitRunRequest{RunId: "r", Timeout: durationpb.New(time.Hour)}))
+			return err
+		}},
+		{"stream run nodes id", "run_id", func() error {
+			st, err := v.StreamRunNodes(ctx, connect.NewRequest(&controlv1.StreamRunNodesRequest{RunId: "a b"}))
+			if err != nil {
+				return err
+			}
+			for st.Receive() {
+			}
+			return st.Err()
+		}},
 		// Join tokens and re-enrolment
 		{"join token short ttl", "ttl", func() error {
 			_, err := a.CreateJoinToken(ctx, connect.NewRequest(&controlv1.CreateJoinTokenRequest{Ttl: durationpb.New(time.Second)}))

@@ -133,7 +133,7 @@ func validateCreateRun(m *controlv1.CreateRunRequest, defaultTimeout time.Durati
 	if err != nil {
 		return c, invalid("target.selector", "%v", err)
 	}
-	c.sel, c.selText = sel, sel.String()
+	c.sel, c.selText = sel, t.GetSelector() // stored as given
 	if err := checkOptionalRE("target.pool_id", t.GetPoolId(), idRE); err != nil {
 		return c, err
 	}
@@ -196,7 +196,7 @@ var resolveRunNodesSQL = `
 SELECT n.id, n.cordoned_at IS NOT NULL
   FROM nodes n
  WHERE n.state <> 'revoked' AND n.kind = 'node'
-   AND (cardinality($1::text[]) = 0 OR n.id = ANY ($1::text[]))
+   AND (coalesce(cardinality($1::text[]), 0) = 0 OR n.id = ANY ($1::text[]))
    AND ($2 = '' OR n.pool_id = $2)
    AND ` + selector.SQLCondition(effectiveLabels, "$3") + `
  ORDER BY n.id`
