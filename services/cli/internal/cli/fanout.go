@@ -94,7 +94,8 @@ func (s *session) fanOut(ctx context.Context, spec fanOutSpec, sink outputSink) 
 	_, _ = rand.Read(runID[:])
 	outcomes = make([]nodeOutcome, len(spec.nodes))
 	var mu sync.Mutex
-	created := map[string]bool{} // command id -> finished
+	created := map[string]bool{}      // command id -> finished
+	unanswered := map[string]string{} // node -> idempotency key of a create with no answer
 	window(ctx, len(spec.nodes), spec.maxInFlight, func(i int) {
 		node := spec.nodes[i]
 		o := nodeOutcome{node: node}
@@ -115,6 +116,12 @@ func (s *session) fanOut(ctx context.Context, spec fanOutSpec, sink outputSink) 
 			time.Sleep(time.Duration(attempt+1) * 300 * time.Millisecond) // back-off of a retried create
 		}
 		if err != nil {
+			if ctx.Err() != nil {
+				// Interrupted mid-create: it may have been created.
+				mu.Lock()
+				unanswered[node] = req.GetIdempotencyKey()
+				mu.Unlock()
+			}
 			o.err = errorLine(s.explain(err))
 			return
 		}
@@ -156,6 +163,19 @@ func (s *session) fanOut(ctx context.Context, spec fanOutSpec, sink outputSink) 
 	// Interrupted: cancel what this run started and has not finished.
 	cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	// A create interrupted before its answer: find it by its idempotency
+	// key among the node's newest commands.
+	for node, key := range unanswered {
+		res, err := s.client.ListCommands(cctx, connect.NewRequest(&controlv1.ListCommandsRequest{NodeId: node, PageSize: 20}))
+		if err != nil {
+			continue
+		}
+		for _, c := range res.Msg.GetCommands() {
+			if c.GetIdempotencyKey() == key {
+				created[c.GetId()] = terminal(c.GetState())
+			}
+		}
+	}
 	for id, finished := range created {
 		if finished {
 			continue
