@@ -141,16 +141,24 @@ func (r *Renewer) running(ctx context.Context) error {
 	}
 	tick := r.clock.NewTicker(r.cfg.Timings.Tick())
 	defer tick.Stop()
-	r.pass(ctx, "start")
+	// A pass is not cancelled by the stop: it ends by itself within its
+	// own bound (a third of the TTL). Cancelling it would abandon its
+	// heartbeat on the client while the server may still run it (a cancel
+	// request that lands before the backend reads the statement cancels
+	// nothing), and a heartbeat that commits after stopping's Leave puts
+	// the member's row back: survivors would plan shards for a member that
+	// is gone. Waiting for the pass orders the Leave after it.
+	passCtx := context.WithoutCancel(ctx)
+	r.pass(passCtx, "start")
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case reason := <-r.trigger:
-			r.pass(ctx, reason)
+			r.pass(passCtx, reason)
 		case <-tick.Chan():
 			if reason, due := r.due(); due {
-				r.pass(ctx, reason)
+				r.pass(passCtx, reason)
 			}
 		}
 	}
