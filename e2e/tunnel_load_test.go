@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -61,7 +63,10 @@ func TestTunnelDrainWithCommands(t *testing.T) {
 			executed.Add(1)
 			return daemon.Outcome{Output: []byte("ok")}
 		},
-		BackoffBase: 50 * time.Millisecond, BackoffMax: 500 * time.Millisecond, TunnelPorts: []uint32{floodPort}})
+		BackoffBase: 50 * time.Millisecond, BackoffMax: 500 * time.Millisecond, TunnelPorts: []uint32{floodPort},
+		// Why a session ended is logged at debug: it is what a failure
+		// here needs.
+		Logger: slog.New(slog.NewTextHandler(testLogWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	require.NoError(t, err)
 	dctx, dcancel := context.WithCancel(context.Background())
 	var dwg sync.WaitGroup
@@ -146,4 +151,12 @@ func TestTunnelDrainWithCommands(t *testing.T) {
 	require.Equal(t, epoch, now, "the node's session was replaced during the drain")
 	require.Equal(t, "connected", state)
 	require.Equal(t, int64(1), d.Stats().Welcomes, "the daemon kept its first session")
+}
+
+// testLogWriter writes each log line to the test's log.
+type testLogWriter struct{ t *testing.T }
+
+func (w testLogWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
 }

@@ -356,6 +356,11 @@ func (g *Gateway) relay(ctx context.Context, t *tunnel, api *relayStream, d *dae
 				results <- result{"from_node", connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("node %s sent %d bytes in one tunnel message, more than %d", t.nodeID, len(m.GetData()), maxTunnelChunk))}
 				return
 			}
+			// Bytes on a Tunnel stream come over the node's session
+			// connection: the node is alive even while its heartbeats wait
+			// behind them (or behind this gateway's own work), so they
+			// count for the session's liveness too.
+			t.sess.touch(g.clock.Now())
 			if len(m.GetData()) == 0 && m.GetShellExit() == nil {
 				continue
 			}
