@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -428,7 +429,7 @@ func TestCLI(t *testing.T) {
 			t.Fatal(err)
 		}
 		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
-		if n, err := c.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		if n, err := c.Read(make([]byte, 1)); n != 0 || !errors.Is(err, io.EOF) {
 			t.Fatalf("a refused tunnel's connection: read %d, %v; want EOF", n, err)
 		}
 		_ = c.Close()

@@ -1,13 +1,11 @@
 package main_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -313,19 +311,6 @@ func golden(t *testing.T, name, got string) {
 	if string(want) != got {
 		t.Fatalf("%s differs from the golden file %s\n--- got:\n%s\n--- want:\n%s", name, path, got, want)
 	}
-}
-
-// lines reads r's lines into a channel (for a background process's pipe).
-func lines(r io.Reader) <-chan string {
-	ch := make(chan string, 100)
-	go func() {
-		sc := bufio.NewScanner(r)
-		for sc.Scan() {
-			ch <- sc.Text()
-		}
-		close(ch)
-	}()
-	return ch
 }
 
 func signal(t *testing.T, b *bg, sig syscall.Signal) {
