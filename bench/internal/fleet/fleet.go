@@ -152,7 +152,9 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 		}
 		f.APIAddr = harness.FreeAddr()
 		if f.API, err = f.service(ctx, "api", "api-1", "--listen-addr", f.APIAddr, "--tokens-file", tokens,
-			"--api.default-command-timeout", "24h"); err != nil {
+			// The benches are the one caller and measure throughput: no
+			// per-token rate limit.
+			"--api.default-command-timeout", "24h", "--api.rate-limit", "0"); err != nil {
 			return f, fmt.Errorf("%w (rerun with -producer sql to create commands without the api)", err)
 		}
 	}

@@ -33,15 +33,29 @@ const enrollPathPrefix = "/" + enrollv1connect.EnrollmentServiceName + "/"
 // RotateCredential the node's credential, both checked by the handler), so
 // it passes without one, its raw body capped at enrollMaxMessageBytes plus
 // framing.
-func authenticateFirst(auth *authInterceptor, m *metrics, maxMessage int64, next http.Handler) http.Handler {
+//
+// Accepted calls then take a call from their caller's bucket (lim: per
+// token, per source address for EnrollmentService); a caller over its rate
+// is answered RESOURCE_EXHAUSTED with Retry-After, before its body is read.
+func authenticateFirst(auth *authInterceptor, m *metrics, lim *callLimiter, maxMessage int64, next http.Handler) http.Handler {
 	errs := connect.NewErrorWriter()
+	refuse := func(w http.ResponseWriter, r *http.Request, proc string, err *connect.Error) {
+		m.requests.WithLabelValues(proc, err.Code().String()).Inc()
+		_ = errs.Write(w, r, err)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, enrollPathPrefix) {
+			host := peerHost(r.RemoteAddr)
+			if ok, wait := lim.allow("peer:" + host); !ok {
+				refuse(w, r, r.URL.Path, lim.refusal("source "+host, wait))
+				return
+			}
 			r.Body = http.MaxBytesReader(w, r.Body, enrollMaxMessageBytes+64<<10)
 			next.ServeHTTP(w, r)
 			return
 		}
-		if _, err := auth.authorize(r.Context(), r.URL.Path, r.Header.Get("Authorization"), r.RemoteAddr); err != nil {
+		ctx, err := auth.authorize(r.Context(), r.URL.Path, r.Header.Get("Authorization"), r.RemoteAddr)
+		if err != nil {
 			// Counted as the interceptor counts calls; a path that is no
 			// procedure is "unknown", so callers cannot mint label values.
 			proc := r.URL.Path
@@ -51,6 +65,12 @@ func authenticateFirst(auth *authInterceptor, m *metrics, maxMessage int64, next
 			m.requests.WithLabelValues(proc, connect.CodeOf(err).String()).Inc()
 			_ = errs.Write(w, r, err)
 			return
+		}
+		if id, ok := IdentityFrom(ctx); ok {
+			if allowed, wait := lim.allow("token:" + id.ID); !allowed {
+				refuse(w, r, r.URL.Path, lim.refusal("token "+id.ID, wait))
+				return
+			}
 		}
 		if r.URL.Path == controlv1connect.ControlServiceOpenTunnelProcedure {
 			// A tunnel's body is its whole upstream and it lives as long as

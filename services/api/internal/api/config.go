@@ -37,6 +37,11 @@ type Config struct {
 	TLSCert, TLSKey string
 	// MaxMessageBytes refuses larger requests with RESOURCE_EXHAUSTED.
 	MaxMessageBytes int
+	// RateLimit and RateBurst bound each caller's calls per second on one
+	// replica (per token; per source address for enrollment); 0 turns the
+	// limit off.
+	RateLimit float64
+	RateBurst int
 	// MaxPayloadBytes bounds a command's payload (CreateCommand,
 	// INVALID_ARGUMENT past it); at most MaxMessageBytes less 64 KiB of
 	// envelope.
@@ -65,6 +70,8 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.StringVar(&c.TLSCert, prefix+"api.tls-cert", "", "TLS certificate of --listen-addr (PEM); with --api.tls-key")
 	f.StringVar(&c.TLSKey, prefix+"api.tls-key", "", "TLS key of --listen-addr (PEM)")
 	f.IntVar(&c.MaxMessageBytes, prefix+"api.max-message-bytes", 4<<20, "largest request message accepted")
+	f.Float64Var(&c.RateLimit, prefix+"api.rate-limit", 200, "calls per second each token may make to this replica (enrollment: each source address); past it RESOURCE_EXHAUSTED with Retry-After; 0 turns it off")
+	f.IntVar(&c.RateBurst, prefix+"api.rate-burst", 400, "calls a token may make at once above --api.rate-limit")
 	f.IntVar(&c.MaxPayloadBytes, prefix+"api.max-payload-bytes", maxPayloadBytes, "largest command payload accepted (a file.put's content travels in it, base64 in its JSON); at most --api.max-message-bytes less 64 KiB, and the gateways' --gateway.max-message-bytes must carry it")
 	f.DurationVar(&c.DefaultCommandTimeout, prefix+"api.default-command-timeout", time.Hour, "life of a command created without deadline or timeout")
 	f.DurationVar(&c.WaitPollInterval, prefix+"api.wait-poll-interval", time.Second, "how often WaitCommand checks for finished commands when no notification comes (gateways NOTIFY when they finish commands)")
@@ -88,6 +95,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxMessageBytes < 1024 || c.MaxMessageBytes > 64<<20 {
 		errs = append(errs, fmt.Errorf("--api.max-message-bytes %d must be in 1024..%d", c.MaxMessageBytes, 64<<20))
+	}
+	if c.RateLimit < 0 || (c.RateLimit > 0 && c.RateBurst < 1) {
+		errs = append(errs, fmt.Errorf("--api.rate-limit %g must not be negative and --api.rate-burst %d must be at least 1", c.RateLimit, c.RateBurst))
 	}
 	if c.MaxPayloadBytes < 1024 || c.MaxPayloadBytes > c.MaxMessageBytes-64<<10 {
 		errs = append(errs, fmt.Errorf("--api.max-payload-bytes %d must be in 1024..--api.max-message-bytes less 64 KiB (%d)", c.MaxPayloadBytes, c.MaxMessageBytes-64<<10))

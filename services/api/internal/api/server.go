@@ -98,6 +98,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		return nil, err
 	}
 	auth := &authInterceptor{keys: keys, log: log}
+	lim := newCallLimiter(cfg.RateLimit, cfg.RateBurst)
 	mux := http.NewServeMux()
 	handlerOpts := []connect.HandlerOption{
 		connect.WithInterceptors(otelInterceptor, m.interceptor(), auth),
@@ -107,10 +108,10 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	}
 	path, control := controlv1connect.NewControlServiceHandler(s.handler, handlerOpts...)
 	// The token is checked before the body is read or decompressed.
-	mux.Handle(path, authenticateFirst(auth, m, int64(cfg.MaxMessageBytes), control))
+	mux.Handle(path, authenticateFirst(auth, m, lim, int64(cfg.MaxMessageBytes), control))
 	// OpenTunnel on its own handler: a tunnel's bytes are relayed as they
 	// are (mostly already compressed or encrypted), never gzipped per message.
-	mux.Handle(controlv1connect.ControlServiceOpenTunnelProcedure, authenticateFirst(auth, m, int64(cfg.MaxMessageBytes),
+	mux.Handle(controlv1connect.ControlServiceOpenTunnelProcedure, authenticateFirst(auth, m, lim, int64(cfg.MaxMessageBytes),
 		connect.NewBidiStreamHandler(controlv1connect.ControlServiceOpenTunnelProcedure, s.handler.OpenTunnel,
 			connect.WithSchema(controlv1.File_leasehold_control_v1_control_proto.Services().ByName("ControlService").Methods().ByName("OpenTunnel")),
 			connect.WithHandlerOptions(handlerOpts...), connect.WithCompressMinBytes(math.MaxInt))))
@@ -121,7 +122,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		connect.WithReadMaxBytes(enrollMaxMessageBytes),
 		boundedGzip(enrollMaxMessageBytes),
 	)
-	mux.Handle(enrollPath, authenticateFirst(auth, m, int64(cfg.MaxMessageBytes), enroll))
+	mux.Handle(enrollPath, authenticateFirst(auth, m, lim, int64(cfg.MaxMessageBytes), enroll))
 	mux.Handle(grpchealth.NewHandler(s.checker))
 	reflector := grpcreflect.NewStaticReflector(controlv1connect.ControlServiceName, enrollv1connect.EnrollmentServiceName,
 		grpchealth.HealthV1ServiceName)
