@@ -175,6 +175,34 @@ func (k *Keyring) add(source string, r io.Reader) error {
 	return nil
 }
 
+// addLenient is add that goes past a line that does not parse or repeats
+// a token: it keeps every other entry and returns the errors.
+func (k *Keyring) addLenient(source string, r io.Reader) []error {
+	var errs []error
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 64<<10)
+	line := 0
+	for sc.Scan() {
+		line++
+		for _, item := range strings.Split(sc.Text(), ",") {
+			item = strings.TrimSpace(item)
+			if item == "" || strings.HasPrefix(item, "#") {
+				continue
+			}
+			e, err := parseEntry(item)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s line %d: %w", source, line, err))
+				continue
+			}
+			k.entries = append(k.entries, e)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("%s: %w", source, err))
+	}
+	return errs
+}
+
 func parseEntry(item string) (entry, error) {
 	roleName, rest, ok := strings.Cut(item, ":")
 	if !ok {

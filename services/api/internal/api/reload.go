@@ -35,6 +35,23 @@ func newReloaders(cfg Config, deps Deps) (*reloaders, error) {
 		r.tokens, err = reload.NewWatcher("api-tokens", []string{cfg.TokensFile}, func(c [][]byte) error {
 			k, err := apiauth.LoadContents("tokens file "+cfg.TokensFile, c[0], cfg.Tokens, TokensEnv)
 			if err != nil {
+				// A file that does not parse grants nothing new, but a
+				// token its valid lines no longer hold (revoked) or hold
+				// with a smaller role (demoted) loses it at once: a typo
+				// elsewhere in the file must not keep a revoked token
+				// working. The reload still fails, so the alert fires.
+				// A file with no valid line at all (truncated, half
+				// written) takes nothing away: the tokens stay as they are.
+				src := "tokens file " + cfg.TokensFile
+				if fileOnly, _ := apiauth.LoadContentsLenient(src, c[0], "", ""); fileOnly.Len() == 0 {
+					return err
+				}
+				lenient, _ := apiauth.LoadContentsLenient(src, c[0], cfg.Tokens, TokensEnv)
+				if kept := r.keys.Keyring().Restrict(lenient); kept.Len() > 0 && !kept.Equal(r.keys.Keyring()) {
+					r.keys.Swap(kept)
+					deps.Logger.Warn("tokens file does not parse: tokens it no longer lists are revoked now, new ones wait for a file that parses",
+						"file", cfg.TokensFile, "tokens_in_force", kept.Len(), "err", err)
+				}
 				return err
 			}
 			if k.Len() == 0 {

@@ -109,3 +109,39 @@ func (b *bundle) metric(name, label string) float64 {
 	}
 	return -1
 }
+
+// TestTokensFileTypoDoesNotKeepARevokedToken: an edit that removes one
+// token and demotes another but has a typo on a third line does not parse
+// (nothing is added, the reload alert fires), yet the removed token stops
+// working and the demoted one loses its role at once.
+func TestTokensFileTypoDoesNotKeepARevokedToken(t *testing.T) {
+	t.Parallel()
+	const kept, revoked, demoted, added = "kept-token-0123456789ab", "revoked-token-0123456789", "demoted-token-0123456789", "added-token-0123456789ab"
+	path := filepath.Join(t.TempDir(), "tokens")
+	replace(t, path, []byte("operator:"+kept+"\noperator:"+revoked+"\nadmin:"+demoted+"\n"))
+	b := setup(t, func(c *Config, _ *http.Transport) {
+		c.TokensFile, c.ReloadInterval = path, 20*time.Millisecond
+	})
+	for _, s := range []string{kept, revoked, demoted, added} {
+		b.secret(s)
+	}
+	list := func(token string) error {
+		_, err := b.client(token).ListNodes(ctxT(t), connect.NewRequest(&controlv1.ListNodesRequest{}))
+		return err
+	}
+	cordon := func(token string) error { // admin only
+		_, err := b.client(token).CordonNode(ctxT(t), connect.NewRequest(&controlv1.CordonNodeRequest{NodeId: "no-such-node"}))
+		return err
+	}
+	require.NoError(t, list(revoked))
+	require.Equal(t, connect.CodeNotFound, connect.CodeOf(cordon(demoted)), "an admin reaches the handler")
+
+	replace(t, path, []byte("operator:"+kept+"\nviewer:"+demoted+"\noperator:"+added+"\nopertor:typo-token-0123456789\n"))
+	require.Eventually(t, func() bool { return connect.CodeOf(list(revoked)) == connect.CodeUnauthenticated }, 20*time.Second, 20*time.Millisecond,
+		"a token the file no longer lists is revoked though another line does not parse")
+	require.Equal(t, 1.0, b.metric("leasehold_config_reload_failing", `config="api-tokens"`), "the reload still fails")
+	require.Equal(t, connect.CodePermissionDenied, connect.CodeOf(cordon(demoted)), "the demotion applies")
+	require.NoError(t, list(demoted))
+	require.NoError(t, list(kept))
+	require.Equal(t, connect.CodeUnauthenticated, connect.CodeOf(list(added)), "nothing is added from a file that does not parse")
+}
