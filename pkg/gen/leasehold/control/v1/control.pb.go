@@ -4659,8 +4659,9 @@ type TunnelTarget_Port struct {
 }
 
 type TunnelTarget_Shell struct {
-	// shell asks for the daemon's shell, run with pipes (no pty); refused
-	// with PERMISSION_DENIED unless the daemon enables it.
+	// shell asks for the daemon's shell, on a pseudo-terminal when the
+	// open carries terminal_size and with pipes otherwise; refused with
+	// PERMISSION_DENIED unless the daemon enables it.
 	Shell bool `protobuf:"varint,2,opt,name=shell,proto3,oneof"`
 }
 

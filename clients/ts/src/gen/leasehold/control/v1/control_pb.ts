@@ -2414,8 +2414,9 @@ export type TunnelTarget = Message<"leasehold.control.v1.TunnelTarget"> & {
     case: "port";
   } | {
     /**
-     * shell asks for the daemon's shell, run with pipes (no pty); refused
-     * with PERMISSION_DENIED unless the daemon enables it.
+     * shell asks for the daemon's shell, on a pseudo-terminal when the
+     * open carries terminal_size and with pipes otherwise; refused with
+     * PERMISSION_DENIED unless the daemon enables it.
      *
      * @generated from field: bool shell = 2;
      */
