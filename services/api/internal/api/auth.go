@@ -30,7 +30,7 @@ var requiredRoles = map[string]apiauth.Role{
 	controlv1connect.ControlServiceListLeasesProcedure:     apiauth.RoleViewer,
 	controlv1connect.ControlServiceListWorkersProcedure:    apiauth.RoleViewer,
 	controlv1connect.ControlServiceListGatewaysProcedure:   apiauth.RoleViewer,
-	// Live output (issue 19).
+	// Live output.
 	controlv1connect.ControlServiceStreamCommandOutputProcedure: apiauth.RoleViewer,
 	// Runs: reads for viewers, changes for operators.
 	controlv1connect.ControlServiceGetRunProcedure:         apiauth.RoleViewer,
@@ -51,7 +51,7 @@ var requiredRoles = map[string]apiauth.Role{
 	controlv1connect.ControlServiceCreateSinkProcedure:   apiauth.RoleAdmin,
 	controlv1connect.ControlServiceDeleteSinkProcedure:   apiauth.RoleAdmin,
 
-	// Node lifecycle and the audit trail (issue 19).
+	// Node lifecycle and the audit trail.
 	controlv1connect.ControlServiceCordonNodeProcedure:       apiauth.RoleAdmin,
 	controlv1connect.ControlServiceUncordonNodeProcedure:     apiauth.RoleAdmin,
 	controlv1connect.ControlServiceDrainNodeProcedure:        apiauth.RoleAdmin,
@@ -65,7 +65,7 @@ var requiredRoles = map[string]apiauth.Role{
 	controlv1connect.ControlServiceRevokeJoinTokenProcedure: apiauth.RoleAdmin,
 	controlv1connect.ControlServiceAllowReenrollProcedure:   apiauth.RoleAdmin,
 
-	// Interactive tunnels (issue 19): a role of their own, above operator.
+	// Interactive tunnels: a role of their own, above operator.
 	controlv1connect.ControlServiceOpenTunnelProcedure: apiauth.RoleTunnel,
 }
 

@@ -93,7 +93,7 @@ SELECT 'plan-' || (i % $1), 'plan', compute_now() + make_interval(secs => i / 10
 	require.Greater(t, perRow(largeSorted), 2*perRow(smallSorted), "the old plan grows with the backlog")
 }
 
-// sortedDispatchSQL is the dispatch statement before issue 15: it joins
+// sortedDispatchSQL is the dispatch statement before the O(batch) dispatch: it joins
 // every pending command of the gateway's sessions and sorts them all.
 const sortedDispatchSQL = `
 WITH mine AS (

@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Group commit of what nodes report (issue 15). Results, acks and events of
+// Group commit of what nodes report. Results, acks and events of
 // every session go into one queue; one goroutine writes everything queued in
 // one statement (one transaction), so while a write is in flight the next
 // batch gathers: the batch window is the previous write's duration and the
