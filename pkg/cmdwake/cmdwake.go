@@ -1,6 +1,5 @@
 // Package cmdwake wakes the gateways' dispatchers after commands were
-// created, with coalesced notifications instead of a NOTIFY per insert
-//.
+// created, with coalesced notifications instead of a NOTIFY per insert.
 //
 // A NOTIFY in a transaction makes its commit take PostgreSQL's global
 // notify lock, so a trigger notifying on every commands insert serialised
