@@ -1,6 +1,6 @@
 // Package coord is leasehold's coordination layer: leases held as rows of the
-// leases table, the fence every dependent write opens with, and (later) the
-// renewal loop, membership and shards built on them.
+// leases table, the fence every dependent write opens with, and the renewal
+// loop, membership and shards built on them.
 //
 // # Leases
 //
@@ -22,10 +22,11 @@
 //
 // Holding a lease is not enough: a process can pause past its TTL. Every
 // write transaction on behalf of a lease starts with Fence, a SELECT … FOR
-// SHARE of the lease row at the held epoch. No row: ErrLeaseLost and nothing
-// commits. A row: the share lock makes a takeover's UPDATE wait until the
-// transaction ends, so the old holder finishes before the new one starts, or
-// never starts. Row locks live in the transaction, so this is safe behind
+// KEY SHARE of the lease row at the held owner and epoch (both key columns:
+// docs/decisions.md). No row: ErrLeaseLost and nothing commits. A row: the
+// key-share lock makes a takeover's UPDATE (which changes owner and epoch)
+// wait until the transaction ends, so the old holder finishes before the new
+// one starts, or never starts. Row locks live in the transaction, so this is safe behind
 // PgBouncer in transaction mode, unlike advisory locks.
 //
 // A process trusts a lease only until ValidUntil: the time the acquiring

@@ -13,7 +13,7 @@ import (
 	"github.com/leasehold/leasehold/pkg/pgdb"
 )
 
-// Node lifecycle (docs/operations.md, "Cordon, drain, decommission"): a
+// Node lifecycle (docs/api.md, "CordonNode", "DrainNode", "DecommissionNode"): a
 // cordon keeps the placer off a node, a drain cordons it and waits for its
 // work to end, a decommission drains it and then revokes its credential.
 

@@ -9,7 +9,7 @@ import (
 	"golang.org/x/mod/semver"
 )
 
-// Version skew (docs/operations.md, "Daemon versions"): a gateway with
+// Version skew (docs/gateway.md, "Daemon versions"): a gateway with
 // --gateway.min-daemon-version refuses a Hello from an older daemon with
 // FAILED_PRECONDITION and a Pushback whose retry_after is long enough that
 // a fleet of old daemons does not come back at once.
