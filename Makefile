@@ -272,6 +272,11 @@ demo:
 	@$(BENCH_HAPROXY)
 	cd bench && go run ./multi-gateway -scenario kill -nodes 300 -site-agents 2 -warmup 10s -observe 20s -rate 20 -progress
 
+## check-links: every relative link and #anchor of the Markdown files resolves
+.PHONY: check-links
+check-links:
+	go run ./tools/doclinks -root .
+
 ## check-modules: every module builds and vets on its own (GOWORK=off), through its replace directives
 check-modules:
 	@for m in $(MODULES); do echo "== GOWORK=off $${m#$(CURDIR)/}"; (cd $$m && GOWORK=off go vet ./...) || exit 1; done

@@ -1,0 +1,3 @@
+module github.com/leasehold/leasehold/tools/doclinks
+
+go 1.26.8
