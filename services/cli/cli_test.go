@@ -448,6 +448,13 @@ func TestCLI(t *testing.T) {
 		requireCode(t, r, 1)
 		requireContains(t, r.stderr, "leasehold: unavailable: ")
 		requireContains(t, r.stderr, "hint: node idle-0 is not connected")
+		// run warns, and the command expires unstarted.
+		start := time.Now()
+		r = e.run(t, "run", "idle-0", "--timeout", "2s", "--", "true")
+		requireCode(t, r, 1)
+		requireContains(t, r.stderr, "leasehold: warning: node idle-0 is registered: its command waits until it connects, at most 2s\n")
+		requireContains(t, r.stderr, "leasehold: idle-0: expired")
+		t.Logf("expired after %s", time.Since(start))
 	})
 
 	t.Run("shell through pipes", func(t *testing.T) {

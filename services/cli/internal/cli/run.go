@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"strings"
@@ -75,6 +76,9 @@ on; leasehold commands ls shows them.`,
 				}
 			}
 			nodes = dedupe(nodes)
+			if dash > 0 {
+				a.warnNotConnected(ctx, s, dedupe(args[:dash]), timeout)
+			}
 			several := len(nodes) > 1
 			sink := newPrefixSink(a.stdout, a.stderr, several)
 			outcomes, cancelled, err := s.fanOut(ctx, fanOutSpec{nodes: nodes, argv: argv, timeout: timeout, maxInFlight: maxInFlight}, sink)
@@ -107,6 +111,28 @@ on; leasehold commands ls shows them.`,
 	f.DurationVar(&timeout, "timeout", 0, "the commands' timeout, 1s..168h (0: the api's default, 1h)")
 	f.IntVar(&maxInFlight, "max-in-flight", 50, "how many nodes run the command at once")
 	return cmd
+}
+
+// warnNotConnected says which named nodes are not connected: their
+// commands wait, pending, until the node connects or the timeout passes.
+func (a *app) warnNotConnected(ctx context.Context, s *session, named []string, timeout time.Duration) {
+	all, err := s.listNodes(ctx, &controlv1.ListNodesRequest{}, nil)
+	if err != nil {
+		return // the creates will say what is wrong
+	}
+	state := map[string]controlv1.NodeState{}
+	for _, n := range all {
+		state[n.GetId()] = n.GetState()
+	}
+	wait := "the api's default timeout"
+	if timeout > 0 {
+		wait = timeout.String()
+	}
+	for _, id := range named {
+		if st, ok := state[id]; ok && st != controlv1.NodeState_NODE_STATE_CONNECTED {
+			_, _ = fmt.Fprintf(a.stderr, "leasehold: warning: node %s is %s: its command waits until it connects, at most %s\n", id, nodeState(st), wait)
+		}
+	}
 }
 
 func dedupe(list []string) []string {
