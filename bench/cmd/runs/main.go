@@ -304,7 +304,7 @@ func run(n, inFlight int, idle, workerPoll time.Duration, jsonPath, binDir strin
 	}
 
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(w, "runs bench: %d nodes, %d in flight, worker poll %s, %s; load average before %s, after %s\n", n, inFlight, res.WorkerPoll, res.Database, res.LoadBefore, res.LoadAfter)
+	fmt.Fprintf(w, "runs bench: %d nodes, %d in flight, worker --coord.poll-interval %s (runs reconciler: --runs.claim-poll 100ms), %s; load average before %s, after %s\n", n, inFlight, res.WorkerPoll, res.Database, res.LoadBefore, res.LoadAfter)
 	fmt.Fprintf(w, "idle background: %.0f statements/s\n", res.IdlePerSecond)
 	fmt.Fprintln(w, "phase\tseconds\tstatements\tper node\tper node net of idle\texecutions\tmax concurrent\toutcome")
 	for _, p := range res.Phases {

@@ -55,6 +55,10 @@ type Config struct {
 	// Recheck is when a pass over a running run asks to run again, whatever
 	// else wakes it (5 s).
 	Recheck time.Duration
+	// ClaimPoll is how often an idle runs reconciler looks for due runs
+	// (100 ms; the runtime's --coord.poll-interval is 500 ms): a run's next
+	// wave starts within it of the wake-up.
+	ClaimPoll time.Duration
 	// NotifyURL is a direct URL to LISTEN for leasehold_command_done on;
 	// empty: the scan alone.
 	NotifyURL string
@@ -62,19 +66,20 @@ type Config struct {
 
 // DefaultConfig is the defaults.
 func DefaultConfig() Config {
-	return Config{ScanEvery: time.Second, Recheck: 5 * time.Second}
+	return Config{ScanEvery: time.Second, Recheck: 5 * time.Second, ClaimPoll: 100 * time.Millisecond}
 }
 
 // RegisterFlags registers the flags under prefix.
 func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.DurationVar(&c.ScanEvery, prefix+"scan-interval", c.ScanEvery, "how often runs with a finished command are looked for, besides the gateways' command-done notification")
 	f.DurationVar(&c.Recheck, prefix+"recheck", c.Recheck, "a running run is reconciled again at least this often")
+	f.DurationVar(&c.ClaimPoll, prefix+"claim-poll", c.ClaimPoll, "how often an idle runs reconciler looks for due runs (the next wave of a run starts within it)")
 }
 
 // Validate checks the configuration.
 func (c Config) Validate() error {
-	if c.ScanEvery < 10*time.Millisecond || c.Recheck < 10*time.Millisecond {
-		return fmt.Errorf("runs: scan-interval %s and recheck %s must be >= 10ms", c.ScanEvery, c.Recheck)
+	if c.ScanEvery < 10*time.Millisecond || c.Recheck < 10*time.Millisecond || c.ClaimPoll < 10*time.Millisecond {
+		return fmt.Errorf("runs: scan-interval %s, recheck %s and claim-poll %s must be >= 10ms", c.ScanEvery, c.Recheck, c.ClaimPoll)
 	}
 	return nil
 }
@@ -85,7 +90,7 @@ func Register(rt *reconcile.Runtime, cfg Config, wake *cmdwake.Notifier, log *sl
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if err := rt.RegisterSharded(reconcile.Sharded{Name: Reconciler, Group: coord.Controllers,
+	if err := rt.RegisterSharded(reconcile.Sharded{Name: Reconciler, Group: coord.Controllers, Poll: cfg.ClaimPoll,
 		Reconcile: func(ctx context.Context, tx pgx.Tx, key string) error {
 			return Reconcile(ctx, tx, key, cfg, wake)
 		}}); err != nil {
