@@ -126,6 +126,11 @@ type Gateway struct {
 	tunnels  tunnelTable
 	relayLn  net.Listener
 	relaySrv *http.Server
+
+	// queuedOutput is the live output bytes queued for the group commit
+	// and not yet answered, over all sessions; queuedOutputPeak its
+	// highest value (output.go).
+	queuedOutput, queuedOutputPeak atomic.Int64
 }
 
 // New builds a gateway; it listens and takes its lease when started.

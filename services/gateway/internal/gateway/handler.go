@@ -402,7 +402,8 @@ func (g *Gateway) hello(ctx context.Context, stream *connect.BidiStream[nodev1.C
 	body, _ := ctx.Value(bodyKey{}).(io.Closer)
 	budget := int64(g.cfg.MaxMessageBytes)
 	s := &session{nodeID: h.GetNodeId(), epoch: epoch, window: g.cfg.NodeWindow,
-		reports: semaphore.NewWeighted(budget), reportBudget: budget, send: stream.Send, breakRecv: func() {
+		reports: semaphore.NewWeighted(budget), reportBudget: budget, output: semaphore.NewWeighted(sessionOutputBudget),
+		send: stream.Send, breakRecv: func() {
 			if body != nil {
 				_ = body.Close()
 			}
@@ -424,6 +425,10 @@ func (g *Gateway) hello(ctx context.Context, stream *connect.BidiStream[nodev1.C
 // dispatch can reach it, and reads the node's messages until the stream
 // ends or the session is closed.
 func (g *Gateway) serveSession(ctx context.Context, stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse], s *session, welcome *nodev1.Welcome, replays []*nodev1.Command) error {
+	body, _ := ctx.Value(bodyKey{}).(readableBody)
+	ctx, stopWaits := context.WithCancel(ctx)
+	defer stopWaits()
+	s.stopWaits = stopWaits
 	msgs := make([]*nodev1.ConnectResponse, 0, 1+len(replays))
 	msgs = append(msgs, &nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Welcome{Welcome: welcome}})
 	for _, c := range replays {
@@ -453,7 +458,6 @@ func (g *Gateway) serveSession(ctx context.Context, stream *connect.BidiStream[n
 		streamErr *connect.Error
 		readable  <-chan struct{}
 	)
-	body, _ := ctx.Value(bodyKey{}).(readableBody)
 	for {
 		if s.inline {
 			if s.sendQueued() != nil {
@@ -548,7 +552,7 @@ func (g *Gateway) handleMessage(ctx context.Context, s *session, req *nodev1.Con
 	case *nodev1.ConnectRequest_Event:
 		return g.handleEvent(ctx, s, m.Event)
 	case *nodev1.ConnectRequest_CommandOutput:
-		return g.handleOutput(s, m.CommandOutput)
+		return g.handleOutput(ctx, s, m.CommandOutput)
 	case *nodev1.ConnectRequest_CancelAck:
 		return g.handleCancelAck(s, m.CancelAck)
 	default:

@@ -67,8 +67,9 @@ type ingestItem struct {
 	bootEpoch int64
 	// output piece (command is its command id); cancel ack (id is the
 	// command id, stream the outcome's name)
-	offset int64
-	stream string
+	offset    int64
+	stream    string
+	truncated bool // the piece reaches the cap: store the truncation marker
 
 	done chan ingestOutcome // events: their read loop waits on it
 	// onDone, for results, is called with the outcome on the ingest
@@ -108,10 +109,19 @@ func (in *ingester) submit(it *ingestItem) {
 	}
 }
 
+// maxIngestOutputBytes bounds the live output bytes of one group commit:
+// a batch is cut after the piece that reaches it, so a statement carries a
+// few MiB of output however much is queued.
+const maxIngestOutputBytes = 4 << 20
+
 func (in *ingester) take() []*ingestItem {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	n := min(len(in.queue), maxIngestBatch)
+	n, bytes := 0, 0
+	for n < len(in.queue) && n < maxIngestBatch && bytes < maxIngestOutputBytes {
+		bytes += len(in.queue[n].output)
+		n++
+	}
 	out := in.queue[:n:n]
 	in.queue = in.queue[n:]
 	if len(in.queue) == 0 {
@@ -233,6 +243,7 @@ func (g *Gateway) writeBatch(ctx context.Context, batch []*ingestItem) ([]string
 		oNode, oCmd, oStream        []string
 		oOff                        []int64
 		oData                       [][]byte
+		oTrunc                      []bool
 		kNode, kCmd, kOutcome       []string
 	)
 	resulted := map[string]bool{}
@@ -285,7 +296,7 @@ func (g *Gateway) writeBatch(ctx context.Context, batch []*ingestItem) ([]string
 			}
 			seenO[ok] = true
 			oI, oNode, oCmd, oOff = append(oI, int32(i)), append(oNode, it.s.nodeID), append(oCmd, it.command), append(oOff, it.offset)
-			oStream, oData = append(oStream, it.stream), append(oData, it.output)
+			oStream, oData, oTrunc = append(oStream, it.stream), append(oData, it.output), append(oTrunc, it.truncated)
 		case ingestCancelAck:
 			// A cancel ack changes a cancelled (terminal) command, which no
 			// result or ack of the batch changes; two acks of one command
@@ -303,7 +314,7 @@ func (g *Gateway) writeBatch(ctx context.Context, batch []*ingestItem) ([]string
 		aI, aNode, aCmd,
 		eI, eNode, eID, eKind, ePayload, eOcc, eEpoch, eBoot,
 		oI, oNode, oCmd, oOff, oStream, oData, g.cfg.OutputCap,
-		kI, kNode, kCmd, kOutcome)
+		kI, kNode, kCmd, kOutcome, oTrunc)
 	if err != nil {
 		return nil, nil, fmt.Errorf("group commit of %d reports: %w", len(batch), err)
 	}

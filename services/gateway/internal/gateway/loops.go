@@ -47,6 +47,9 @@ func (g *Gateway) livenessOnce(ctx context.Context) error {
 		epochs []int64
 	)
 	for _, s := range g.snapshot() {
+		if s.heldBack.Load() {
+			s.touch(g.clock.Now()) // the node is sending; the gateway holds it back
+		}
 		if s.lastSeen().Before(silentBefore) {
 			s.close(connect.NewError(connect.CodeUnavailable, fmt.Errorf("no message from node %s for %s", s.nodeID, 3*g.cfg.HeartbeatInterval)))
 			continue

@@ -15,8 +15,15 @@ import (
 // chatty command does not hold its session's read loop for a commit per
 // piece. The queue is FIFO and a result is waited for, so every piece the
 // node sent before its result is committed no later than the result: a
-// reader that sees the command finished has all of its stored output. The
-// cap (--gateway.output-cap) is applied in the statement.
+// reader that sees the command finished has all of its stored output.
+//
+// The cap (--gateway.output-cap) is applied here, before a piece is
+// queued: bytes past it are dropped and the piece that crosses it, or the
+// first one past it, carries the truncation marker; the statement cuts at
+// the cap too, for pieces of a session that forgot its marks. What one
+// session has queued and not yet stored is bounded by sessionOutputBudget:
+// past it the read loop waits for the group commit, so HTTP/2 flow control
+// holds the node back (docs/decisions.md, "Bounded live output").
 
 // maxOutputPiece bounds one CommandOutput's data (the daemon sends 64 KiB).
 const maxOutputPiece = 256 << 10
@@ -27,16 +34,84 @@ var outputStreams = map[nodev1.OutputStream]string{
 	nodev1.OutputStream_OUTPUT_STREAM_STDERR: "stderr",
 }
 
-func (g *Gateway) handleOutput(s *session, o *nodev1.CommandOutput) *connect.Error {
+func (g *Gateway) handleOutput(ctx context.Context, s *session, o *nodev1.CommandOutput) *connect.Error {
 	if err := validateOutput(o); err != nil {
 		return connect.NewError(connect.CodeInvalidArgument, err)
 	}
 	if len(o.GetData()) == 0 {
 		return nil
 	}
-	g.ingest.submit(&ingestItem{kind: ingestOutput, s: s, command: o.GetCommandId(), offset: o.GetOffset(),
-		stream: outputStreams[o.GetStream()], output: o.GetData()})
+	it := &ingestItem{kind: ingestOutput, s: s, command: o.GetCommandId(), offset: o.GetOffset(),
+		stream: outputStreams[o.GetStream()], output: o.GetData()}
+	if capped := g.cfg.OutputCap; it.offset+int64(len(it.output)) > capped {
+		keep := max(0, capped-it.offset)
+		g.m.outputBytes.WithLabelValues("dropped").Add(float64(int64(len(it.output)) - keep))
+		if s.outputMarked(it.command) {
+			if keep == 0 {
+				return nil // past the cap, and the marker is queued already
+			}
+		}
+		it.output, it.truncated = it.output[:keep], true
+		if keep == 0 {
+			it.offset, it.stream = capped, "truncated"
+		}
+	}
+	w := int64(len(it.output))
+	if err := s.awaitOutputRoom(ctx, w); err != nil {
+		return connect.NewError(connect.CodeCanceled, err)
+	}
+	g.outputQueued(w)
+	g.ingest.submit(it)
 	return nil
+}
+
+// outputMarked records that id's truncation marker is queued on s and
+// says whether it already was. The marks are bounded: past maxOutputMarks
+// they are forgotten (a marker queued twice is stored once).
+func (s *session) outputMarked(id string) bool {
+	if _, ok := s.marked[id]; ok {
+		return true
+	}
+	if len(s.marked) >= maxOutputMarks {
+		clear(s.marked)
+	}
+	if s.marked == nil {
+		s.marked = make(map[string]struct{})
+	}
+	s.marked[id] = struct{}{}
+	return false
+}
+
+// maxOutputMarks bounds the truncation marks a session remembers.
+const maxOutputMarks = 1024
+
+// awaitOutputRoom takes n bytes of the session's output budget, waiting
+// for the group commit to store earlier pieces if it is spent. While it
+// waits the read loop reads nothing, which HTTP/2 flow control turns into
+// backpressure on the node; the session counts as alive meanwhile (the
+// node is sending, the gateway is not reading).
+func (s *session) awaitOutputRoom(ctx context.Context, n int64) error {
+	if s.output.TryAcquire(n) {
+		return nil
+	}
+	s.heldBack.Store(true)
+	defer s.heldBack.Store(false)
+	if err := s.output.Acquire(ctx, n); err != nil {
+		return fmt.Errorf("wait for the session's output budget: %w", err)
+	}
+	return nil
+}
+
+// outputQueued adds n (negative: answered) to the queued output bytes and
+// keeps their peak.
+func (g *Gateway) outputQueued(n int64) {
+	v := g.queuedOutput.Add(n)
+	for {
+		p := g.queuedOutputPeak.Load()
+		if v <= p || g.queuedOutputPeak.CompareAndSwap(p, v) {
+			return
+		}
+	}
 }
 
 func validateOutput(o *nodev1.CommandOutput) error {
@@ -62,6 +137,10 @@ func validateOutput(o *nodev1.CommandOutput) error {
 // the next Hello).
 func (g *Gateway) answerUnwaited(it *ingestItem, o ingestOutcome) {
 	what := "command output"
+	if it.kind == ingestOutput {
+		g.outputQueued(-int64(len(it.output)))
+		it.s.output.Release(int64(len(it.output)))
+	}
 	if it.kind == ingestCancelAck {
 		what = "cancel ack"
 	}
@@ -90,3 +169,8 @@ func (g *Gateway) answerUnwaited(it *ingestItem, o ingestOutcome) {
 		g.m.cancels.WithLabelValues("confirmed").Inc()
 	}
 }
+
+// sessionOutputBudget bounds the live output bytes one session may have
+// queued for the group commit and not yet stored (a multiple of
+// maxOutputPiece, so any piece fits).
+const sessionOutputBudget = 4 << 20

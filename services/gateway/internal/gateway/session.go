@@ -36,8 +36,10 @@ type session struct {
 	// generation is the gateway's fence count when the Hello began.
 	generation uint64
 	send       func(*nodev1.ConnectResponse) error
-	// breakRecv unblocks the handler's Receive.
+	// breakRecv unblocks the handler's Receive; stopWaits ends the waits
+	// of its read loop (the output budget), set by serveSession.
 	breakRecv func()
+	stopWaits context.CancelFunc
 
 	lastRecv atomic.Int64 // unix nanos of the last message from the node
 	// specVersion is the nodes.spec_version the node last received (in
@@ -56,6 +58,13 @@ type session struct {
 	// goes on reading while they commit, within reportBudget bytes.
 	reports      *semaphore.Weighted
 	reportBudget int64
+	// output bounds the live output bytes queued for the group commit
+	// and not yet answered (sessionOutputBudget); heldBack is set while
+	// the read loop waits for it. marked holds the commands whose
+	// truncation marker is queued (read loop only).
+	output   *semaphore.Weighted
+	heldBack atomic.Bool
+	marked   map[string]struct{}
 
 	mu    sync.Mutex
 	queue []*nodev1.ConnectResponse
@@ -154,6 +163,9 @@ func (s *session) close(reason *connect.Error) {
 	s.reason = reason
 	s.mu.Unlock()
 	s.breakRecv()
+	if s.stopWaits != nil {
+		s.stopWaits()
+	}
 }
 
 // finish marks the session closed, waits for the writer to stop and returns

@@ -132,10 +132,12 @@ UPDATE nodes SET state = 'disconnected', updated_at = compute_now()
 // command finishes, one NOTIFY on leasehold_command_done (empty payload,
 // once per batch) wakes the api's WaitCommand.
 //
-// Live output pieces ($23..$28, the cap $29) are stored for their own
-// node's commands, cut at the cap, ON CONFLICT DO NOTHING on (command_id,
-// offset); a piece reaching past the cap also stores the command's
-// truncation marker (stream 'truncated', at the cap). One NOTIFY on
+// Live output pieces ($23..$28, the cap $29, the truncation flags $34) are
+// stored for their own node's commands, cut at the cap, ON CONFLICT DO
+// NOTHING on (command_id, offset); a piece the gateway cut at the cap (its
+// flag) or reaching past it also stores the command's truncation marker
+// (stream 'truncated', at the cap), and a marker-only piece (no data)
+// stores just that. One NOTIFY on
 // leasehold_command_output per batch names the commands that got output
 // (their ids only, "" past 7,900 bytes). Cancel acks ($30..$33) confirm
 // the cancellation of their own node's cancelled commands, once.
@@ -172,19 +174,19 @@ WITH r AS (
   ON CONFLICT (node_id, id) DO NOTHING
   RETURNING node_id, id
 ), o AS (
-  SELECT * FROM unnest($23::int[], $24::text[], $25::text[], $26::bigint[], $27::text[], $28::bytea[])
-    AS o(i, node_id, command_id, off, stream, data)
+  SELECT * FROM unnest($23::int[], $24::text[], $25::text[], $26::bigint[], $27::text[], $28::bytea[], $34::bool[])
+    AS o(i, node_id, command_id, off, stream, data, trunc)
 ), own AS (
   SELECT o.* FROM o JOIN commands c ON c.id = o.command_id AND c.node_id = o.node_id
 ), oins AS (
   INSERT INTO command_output (command_id, "offset", stream, data)
   SELECT command_id, off, stream, substring(data FROM 1 FOR LEAST(length(data)::bigint, $29::bigint - off)::int)
-    FROM own WHERE off < $29::bigint
+    FROM own WHERE off < $29::bigint AND length(data) > 0
   ON CONFLICT (command_id, "offset") DO NOTHING
   RETURNING command_id
 ), omark AS (
   INSERT INTO command_output (command_id, "offset", stream, data)
-  SELECT DISTINCT command_id, $29::bigint, 'truncated', ''::bytea FROM own WHERE off + length(data) > $29::bigint
+  SELECT DISTINCT command_id, $29::bigint, 'truncated', ''::bytea FROM own WHERE trunc OR off + length(data) > $29::bigint
   ON CONFLICT (command_id, "offset") DO NOTHING
   RETURNING command_id
 ), k AS (
