@@ -500,6 +500,31 @@ func TestCLI(t *testing.T) {
 			t.Fatalf("shell did not end; output %q", out.String())
 		}
 		t.Logf("pty transcript: %q", out.String())
+
+		// SIGTERM (not a keyboard Ctrl-C, which raw mode hands to the
+		// remote shell) ends the tunnel: exit 130.
+		cmd = execCommand(e, "shell", "node-0")
+		ptmx2, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 24, Cols: 80})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = ptmx2.Close() }()
+		out2 := &proctest.Buffer{}
+		go func() { _, _ = io.Copy(out2, ptmx2) }()
+		_, _ = ptmx2.WriteString("echo ready-$((1+1))\n")
+		eventually(t, 30*time.Second, "the second shell answers", func() bool { return strings.Contains(out2.String(), "ready-2") })
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done2 := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done2) }()
+		select {
+		case <-done2:
+			if c := cmd.ProcessState.ExitCode(); c != 130 {
+				t.Fatalf("shell after SIGTERM: exit %d, want 130", c)
+			}
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Fatal("shell did not end on SIGTERM")
+		}
 	})
 
 	t.Run("https api with a CA file", func(t *testing.T) {

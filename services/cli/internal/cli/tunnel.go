@@ -219,13 +219,10 @@ func (a *app) runShell(ctx context.Context, s *session, node string) error {
 			open.Term = t
 		}
 	}
-	// The tunnel outlives Ctrl-C on a raw terminal (it is a byte for the
-	// shell there); the stream's own context ends it otherwise.
-	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	// On a raw terminal Ctrl-C is a byte for the remote shell, not a
+	// signal; SIGINT or SIGTERM from elsewhere end the tunnel (exit 130).
+	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if !tty {
-		go func() { <-ctx.Done(); cancel() }()
-	}
 	st, opened, err := s.openTunnel(sctx, open)
 	if err != nil {
 		return err
