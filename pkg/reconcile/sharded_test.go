@@ -19,11 +19,11 @@ import (
 func TestShardedReconcilerRunsEveryKeyFenced(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDB(t)
-	exec(t, db.Pool, "CREATE TABLE runs (key text, owner text)")
+	exec(t, db.Pool, "CREATE TABLE reconciled (key text, owner text)")
 	newRuntime(t, db, "w1", func(rt *reconcile.Runtime) {
 		require.NoError(t, rt.RegisterSharded(reconcile.Sharded{Name: "nodes", Group: coord.Controllers,
 			Reconcile: func(ctx context.Context, tx pgx.Tx, key string) error {
-				_, err := tx.Exec(ctx, "INSERT INTO runs VALUES ($1, 'w1')", key)
+				_, err := tx.Exec(ctx, "INSERT INTO reconciled VALUES ($1, 'w1')", key)
 				return err
 			}}))
 	})
@@ -34,8 +34,8 @@ func TestShardedReconcilerRunsEveryKeyFenced(t *testing.T) {
 	_, err := queue.EnqueueMany(context.Background(), db.Pool, "nodes", keys, 0)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return count(t, db.Pool, "SELECT count(*) FROM work_queue") == 0 }, 20*time.Second, 50*time.Millisecond)
-	require.Equal(t, 200, count(t, db.Pool, "SELECT count(DISTINCT key) FROM runs"))
-	require.Equal(t, 200, count(t, db.Pool, "SELECT count(*) FROM runs"), "each key ran once")
+	require.Equal(t, 200, count(t, db.Pool, "SELECT count(DISTINCT key) FROM reconciled"))
+	require.Equal(t, 200, count(t, db.Pool, "SELECT count(*) FROM reconciled"), "each key ran once")
 }
 
 // TestGenerationRaceRunsAgain: an enqueue during a running reconcile makes
