@@ -359,6 +359,7 @@ func (g *Gateway) hello(ctx context.Context, stream *connect.BidiStream[nodev1.C
 			return fmt.Errorf("select in-flight commands: %w", err)
 		}
 		defer rows.Close()
+		var failed []undeliverable
 		for rows.Next() {
 			var (
 				c        nodev1.Command
@@ -371,9 +372,19 @@ func (g *Gateway) hello(ctx context.Context, stream *connect.BidiStream[nodev1.C
 			if deadline != nil {
 				c.Deadline = timestamppb.New(*deadline)
 			}
+			if why := g.undeliverableReason(&c); why != "" {
+				// Sending it would end the session, and the next Hello
+				// would replay it again: it fails here instead.
+				failed = append(failed, undeliverable{id: c.CommandId, nodeID: h.GetNodeId(), epoch: epoch, reason: why})
+				continue
+			}
 			replays = append(replays, replay{cmd: &c, createdAt: created})
 		}
-		return rows.Err()
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("select in-flight commands: %w", err)
+		}
+		return failUndeliverable(ctx, tx, g.id, failed)
 	})
 	if revoked {
 		g.m.hellos.WithLabelValues("unauthenticated").Inc()

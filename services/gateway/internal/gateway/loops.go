@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/leasehold/leasehold/pkg/cmdwake"
@@ -235,10 +236,16 @@ func (g *Gateway) dispatchOnce(ctx context.Context, ids []string, epochs []int64
 	}
 	timer.ObserveDuration()
 	got := make(map[string]int, len(ids))
+	var failed []undeliverable
 	for _, d := range out {
 		got[d.nodeID]++
 		g.m.dispatched.Inc()
 		g.m.dispatchLatency.Observe(d.latency)
+		if why := g.undeliverableReason(d.cmd); why != "" {
+			failed = append(failed, undeliverable{id: d.cmd.GetCommandId(), nodeID: d.nodeID, epoch: d.epoch, reason: why})
+			g.log.Warn("command too large to send; failing it", "node", d.nodeID, "command", d.cmd.GetCommandId(), "reason", why)
+			continue
+		}
 		g.mu.Lock()
 		s := g.sessions[d.nodeID]
 		g.mu.Unlock()
@@ -254,6 +261,14 @@ func (g *Gateway) dispatchOnce(ctx context.Context, ids []string, epochs []int64
 		g.traceDispatch(ctx, d, start, sent)
 	}
 	g.deliverCancels(taken)
+	if len(failed) > 0 {
+		err := g.runFenced(ctx, func(ctx context.Context, tx pgx.Tx) error { return failUndeliverable(ctx, tx, g.id, failed) })
+		if err != nil {
+			// They stay dispatched and unsent: the next Hello fails them
+			// instead of replaying them.
+			g.log.Warn("undeliverable commands not failed; the next Hello fails them", "commands", len(failed), "err", err)
+		}
+	}
 	return got, len(out), nil
 }
 
@@ -397,6 +412,42 @@ func (g *Gateway) pushSpecs(ctx context.Context, all bool, nodes map[string]stru
 		if s.enqueue(&nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_NodeSpecUpdate{NodeSpecUpdate: &nodev1.NodeSpecUpdate{Spec: spec}}}) {
 			g.m.specPushes.Inc()
 		}
+	}
+	return nil
+}
+
+// undeliverable is a command too large to send on a session.
+type undeliverable struct {
+	id, nodeID string
+	epoch      int64
+	reason     string
+}
+
+// undeliverableReason says why cmd cannot be sent, or "" when it fits: the
+// encoded ConnectResponse must fit --gateway.max-message-bytes, which the
+// stream enforces at send time by ending the session (before compression
+// is counted here, so a command never depends on how well it compresses).
+func (g *Gateway) undeliverableReason(cmd *nodev1.Command) string {
+	size := proto.Size(&nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Command{Command: cmd}})
+	if size <= g.cfg.MaxMessageBytes {
+		return ""
+	}
+	return fmt.Sprintf("payload of %d bytes does not fit the gateway's --gateway.max-message-bytes %d (the command's message is %d bytes)",
+		len(cmd.GetPayload()), g.cfg.MaxMessageBytes, size)
+}
+
+// failUndeliverable fails cmds in tx (failUndeliverableSQL).
+func failUndeliverable(ctx context.Context, tx pgx.Tx, gatewayID string, cmds []undeliverable) error {
+	if len(cmds) == 0 {
+		return nil
+	}
+	ids, nodes, epochs, reasons := make([]string, len(cmds)), make([]string, len(cmds)), make([]int64, len(cmds)), make([]string, len(cmds))
+	for i, c := range cmds {
+		ids[i], nodes[i], epochs[i], reasons[i] = c.id, c.nodeID, c.epoch, c.reason
+	}
+	var n int64
+	if err := tx.QueryRow(ctx, failUndeliverableSQL, gatewayID, ids, nodes, epochs, reasons).Scan(&n); err != nil {
+		return fmt.Errorf("fail %d undeliverable commands: %w", len(cmds), err)
 	}
 	return nil
 }

@@ -236,3 +236,26 @@ ON CONFLICT (node_id, id) DO NOTHING`
 // DiscoveryEventKind is the event kind of a site agent's discovery report;
 // it is stored only when its boot_epoch is the agent's current boot epoch.
 const DiscoveryEventKind = "discovery"
+
+// failUndeliverableSQL fails commands this gateway dispatched but cannot
+// send (their message exceeds --gateway.max-message-bytes), fenced like
+// dispatch: only at the dispatch this gateway made at that session epoch,
+// and only while the command is in flight. The reason is stored as the
+// command's result (result id "undeliverable/<command id>"), and one
+// NOTIFY wakes the api's WaitCommand.
+const failUndeliverableSQL = `
+WITH x AS (
+  SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[]) AS x(id, node_id, epoch, reason)
+), f AS (
+  UPDATE commands c SET state = 'failed', finished_at = compute_now()
+    FROM x
+   WHERE c.id = x.id AND c.node_id = x.node_id AND c.dispatched_by = $1 AND c.dispatch_epoch = x.epoch
+     AND c.state IN ('dispatched', 'acknowledged')
+  RETURNING c.id, c.node_id, x.epoch, x.reason
+), r AS (
+  INSERT INTO command_results (node_id, id, command_id, exit_code, error, gateway_id, session_epoch)
+  SELECT node_id, left('undeliverable/' || id, 200), id, -1, reason, $1, epoch FROM f
+  ON CONFLICT DO NOTHING
+  RETURNING command_id
+)
+SELECT count(*) FROM f, LATERAL (SELECT pg_notify('` + pgnotify.CommandDone + `', '')) n`
