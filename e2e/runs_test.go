@@ -98,27 +98,33 @@ func (r *runNodes) snapshot(tag string) ([]execution, int) {
 	return slices.Clone(r.execs[tag]), r.maxIn[tag]
 }
 
-// runsStack is a gateway, an api and two workers on one database, with n
-// in-process nodes connected to the gateway.
+// runsStack is two gateways behind a fail-over balancer, an api and two
+// workers on one database, with n in-process nodes connected through the
+// balancer (to the first gateway while it lives).
 type runsStack struct {
 	db      *pgtest.DB
 	ids     []string
 	nodes   *runNodes
 	op      controlClient
 	workers map[string]*proctest.Proc
+	// gateways: nodes dial the first through a balancer that fails over to
+	// the second.
+	gateways []fleettest.Gateway
 }
 
 func startRunsStack(t *testing.T, n int) *runsStack {
 	t.Helper()
 	db := pgtest.NewDB(t)
 	ids, creds := fleettest.RegisterNodes(t, db.Pool, "rn", n)
-	gw := fleettest.StartGateway(t, db.URL, "gw_runs", fleettest.FastGateway...)
+	gw1 := fleettest.StartGateway(t, db.URL, "gw_runs_1", fleettest.FastGateway...)
+	gw2 := fleettest.StartGateway(t, db.URL, "gw_runs_2", fleettest.FastGateway...)
+	lb := balancer(t, gw1.Listen, gw2.Listen)
 	apiAddr := fleettest.Addr(t)
 	args := append([]string{"--database-url", db.URL, "--http-addr", fleettest.Addr(t), "--id", "api_runs", "--log-format", "text",
 		"--listen-addr", apiAddr, "--api.wait-poll-interval", "100ms"}, fleettest.DBFlags(db.URL)...)
 	api := proctest.Start(t, "api_runs", fleettest.Binary(t, "api"), []string{"LEASEHOLD_API_TOKENS=operator:" + runsOperatorToken}, args...)
 	api.WaitReady(60 * time.Second)
-	s := &runsStack{db: db, ids: ids, workers: map[string]*proctest.Proc{},
+	s := &runsStack{db: db, ids: ids, workers: map[string]*proctest.Proc{}, gateways: []fleettest.Gateway{gw1, gw2},
 		op:    controlClient{controlv1connect.NewControlServiceClient(http.DefaultClient, "http://"+apiAddr), runsOperatorToken},
 		nodes: &runNodes{execs: map[string][]execution{}, inFlight: map[string]int{}, maxIn: map[string]int{}, started: make(chan string, 4*n)}}
 	for _, w := range []string{"wk_runs_a", "wk_runs_b"} {
@@ -127,7 +133,7 @@ func startRunsStack(t *testing.T, n int) *runsStack {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for i, id := range ids {
-		d, err := daemon.New(daemon.Config{Address: gw.URL(), NodeID: id, Credential: creds[i],
+		d, err := daemon.New(daemon.Config{Address: lb.URL(), NodeID: id, Credential: creds[i],
 			BackoffBase: 50 * time.Millisecond, BackoffMax: 500 * time.Millisecond,
 			Handler: func(ctx context.Context, c *nodev1.Command) daemon.Outcome { return s.nodes.handle(ctx, id, c) }})
 		require.NoError(t, err)
@@ -186,8 +192,8 @@ func requireOncePerNode(t *testing.T, execs []execution, want []string) {
 // TestRuns runs runs over in-process nodes connected to a real gateway,
 // driven by two real worker processes: the window holds from the nodes'
 // side, every node runs once, the failure budget stops new starts,
-// CancelRun stops the running handlers, and a SIGKILLed worker's run
-// completes on the other with every node once.
+// CancelRun stops the running handlers, and a run whose gateway or worker
+// is SIGKILLed mid-run completes with every node once.
 func TestRuns(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a gateway, an api, two workers and 50 nodes")
@@ -278,6 +284,24 @@ func TestRuns(t *testing.T) {
 			require.True(t, e.stopped, "node %s's handler was cancelled", e.node)
 		}
 		require.Len(t, nodes, 10)
+	})
+
+	t.Run("gateway SIGKILL mid-run", func(t *testing.T) {
+		id := s.create(t, ctx, s.ids, runPayload{Tag: "gateway", SleepMs: 100}, "5", "0")
+		require.Eventually(t, func() bool { execs, _ := s.nodes.snapshot("gateway"); return len(execs) >= 8 },
+			time.Minute, 10*time.Millisecond, "the run is under way")
+		s.gateways[0].Kill()
+		done, _ := s.nodes.snapshot("gateway")
+		require.Less(t, len(done), 50, "killed mid-run")
+		run, _ := s.wait(t, ctx, id)
+		require.Equal(t, controlv1.RunState_RUN_STATE_SUCCEEDED, run.GetState(), run.GetReason())
+		execs, maxIn := s.nodes.snapshot("gateway")
+		requireOncePerNode(t, execs, s.ids)
+		require.LessOrEqual(t, maxIn, 5)
+		n, err := queryInt(s.db.Pool, `SELECT count(*) FROM node_sessions WHERE state = 'connected' AND gateway_id = 'gw_runs_2'`)
+		require.NoError(t, err)
+		require.Equal(t, 50, n, "every node moved to the other gateway")
+		t.Logf("killed the gateway after %d of 50 nodes; the run completed through the other", len(done))
 	})
 
 	t.Run("worker SIGKILL mid-run", func(t *testing.T) {
