@@ -334,6 +334,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			break
 		}
+		if connect.CodeOf(end.err) == connect.CodeInvalidArgument {
+			// The gateway refused something this daemon sent for good. A
+			// refused result has its command failed by the gateway, which
+			// then no longer replays it, so the journalled result is not
+			// sent again; the refusal is worth an operator's look.
+			d.log.Warn("gateway refused a message for good", "err", end.err)
+		}
 		if d.transport != nil {
 			// Redial on a fresh connection so the balancer picks again.
 			d.transport.CloseIdleConnections()

@@ -575,6 +575,10 @@ func dbError(op string, err error) *connect.Error {
 	if errors.Is(err, context.Canceled) {
 		return connect.NewError(connect.CodeCanceled, err)
 	}
+	if permanentDBError(err) {
+		// Resending it would be refused again.
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s refused by the database (%s); do not resend it", op, pgMessage(err)))
+	}
 	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s could not be recorded; reconnect and resend", op))
 }
 
@@ -582,8 +586,8 @@ func dbError(op string, err error) *connect.Error {
 // (ingest.go): a refused ack closes the session later.
 func (g *Gateway) handleAck(_ context.Context, s *session, a *nodev1.CommandAck) *connect.Error {
 	id := a.GetCommandId()
-	if id == "" || len(id) > maxIDLen {
-		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("command_ack.command_id must be 1..%d bytes", maxIDLen))
+	if id == "" || len(id) > maxIDLen || strings.ContainsRune(id, 0) {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("command_ack.command_id must be 1..%d bytes without NUL", maxIDLen))
 	}
 	g.ingest.submit(&ingestItem{kind: ingestAck, s: s, id: id})
 	return nil
@@ -596,16 +600,18 @@ func (g *Gateway) handleAck(_ context.Context, s *session, a *nodev1.CommandAck)
 // redials and, its command still in flight, resends the result on replay;
 // a result for another node's command closes it PERMISSION_DENIED.
 func (g *Gateway) handleResult(ctx context.Context, s *session, r *nodev1.CommandResult) *connect.Error {
-	if r.GetCommandId() == "" || len(r.GetCommandId()) > maxIDLen || r.GetResultId() == "" || len(r.GetResultId()) > maxIDLen {
-		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("command_result.command_id and result_id must be 1..%d bytes", maxIDLen))
+	if r.GetCommandId() == "" || len(r.GetCommandId()) > maxIDLen || r.GetResultId() == "" || len(r.GetResultId()) > maxIDLen ||
+		strings.ContainsRune(r.GetCommandId(), 0) || strings.ContainsRune(r.GetResultId(), 0) {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("command_result.command_id and result_id must be 1..%d bytes without NUL", maxIDLen))
 	}
 	if s.answered(r.GetCommandId()) {
 		// Its window was full: dispatch may send the node the next one
 		// while this result commits.
 		g.wakeDispatch(s.nodeID)
 	}
+	// An old or foreign daemon may send an error PostgreSQL's text refuses.
 	it := &ingestItem{kind: ingestResult, s: s, id: r.GetResultId(), command: r.GetCommandId(),
-		exitCode: r.GetExitCode(), output: r.GetOutput(), errText: r.GetError()}
+		exitCode: r.GetExitCode(), output: r.GetOutput(), errText: sanitizeText(r.GetError())}
 	if r.GetStartedAt() != nil {
 		t := r.GetStartedAt().AsTime()
 		it.started = &t
@@ -646,6 +652,11 @@ func (g *Gateway) resultStored(ctx context.Context, s *session, r *nodev1.Comman
 	}
 	g.m.results.WithLabelValues(o.outcome).Inc()
 	switch o.outcome {
+	case "refused":
+		// The protocol reports a bad message by ending the stream; the
+		// command is failed already, so the node's next Hello does not
+		// replay it and its result is not sent again.
+		s.close(connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("command %s: %s; the command is failed", r.GetCommandId(), o.refusal)))
 	case "denied":
 		s.close(connect.NewError(connect.CodePermissionDenied, fmt.Errorf("command %s belongs to another node", r.GetCommandId())))
 	case "unknown":
@@ -654,8 +665,9 @@ func (g *Gateway) resultStored(ctx context.Context, s *session, r *nodev1.Comman
 }
 
 func (g *Gateway) handleEvent(ctx context.Context, s *session, e *nodev1.Event) *connect.Error {
-	if e.GetEventId() == "" || len(e.GetEventId()) > maxIDLen || e.GetKind() == "" || len(e.GetKind()) > maxKindLen {
-		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("event.event_id must be 1..%d bytes and event.kind 1..%d", maxIDLen, maxKindLen))
+	if e.GetEventId() == "" || len(e.GetEventId()) > maxIDLen || e.GetKind() == "" || len(e.GetKind()) > maxKindLen ||
+		strings.ContainsRune(e.GetEventId(), 0) || strings.ContainsRune(e.GetKind(), 0) {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("event.event_id must be 1..%d bytes and event.kind 1..%d, without NUL", maxIDLen, maxKindLen))
 	}
 	if e.GetBootEpoch() > 1<<62 {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("event.boot_epoch out of range"))

@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -85,6 +89,9 @@ type ingestOutcome struct {
 	// traceparent is the stored CreateCommand traceparent of a result's
 	// command, for the result span (tracing.go).
 	traceparent *string
+	// refusal, with outcome "refused", says why the database refused a
+	// result for good (its command was failed instead).
+	refusal string
 }
 
 // ingester is the queue in front of the group commit.
@@ -213,6 +220,19 @@ func (g *Gateway) flush(ctx context.Context, batch []*ingestItem) {
 		}
 		return
 	}
+	if err != nil && len(batch) == 1 && batch[0].kind == ingestResult && permanentDBError(err) {
+		// Resending it would be refused again, forever: its command
+		// fails instead, with the reason, so nothing replays it.
+		it := batch[0]
+		refusal := fmt.Sprintf("the result the node sent (result_id %q) could not be stored: %s", it.id, pgMessage(err))
+		if ferr := g.failRefusedResult(ctx, it, refusal); ferr != nil {
+			g.answer(it, ingestOutcome{err: ferr})
+			return
+		}
+		g.log.Warn("result refused by the database; its command is failed", "node", it.s.nodeID, "command", it.command, "err", err)
+		g.answer(it, ingestOutcome{outcome: "refused", refusal: refusal})
+		return
+	}
 	g.m.ingestBatch.Observe(float64(len(batch)))
 	timer.ObserveDuration()
 	for i, it := range batch {
@@ -336,4 +356,57 @@ func (g *Gateway) writeBatch(ctx context.Context, batch []*ingestItem) ([]string
 		return nil, nil, fmt.Errorf("group commit of %d reports: %w", len(batch), err)
 	}
 	return out, tps, nil
+}
+
+// permanentDBError says whether err is the database refusing a statement
+// for a reason retrying cannot change: a data exception (SQLSTATE class
+// 22, e.g. a NUL in text, a timestamp out of range) or an integrity
+// violation (class 23) other than the conflicts a retry resolves (unique
+// and foreign key violations: a concurrent writer or a deleted command).
+func permanentDBError(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || len(pe.Code) != 5 {
+		return false
+	}
+	switch pe.Code[:2] {
+	case "22":
+		return true
+	case "23":
+		return pe.Code != "23505" && pe.Code != "23503" // unique_violation, foreign_key_violation
+	}
+	return false
+}
+
+// pgMessage is the database's reason for err, as text the database
+// stores: "SQLSTATE <code>: <message>".
+func pgMessage(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return sanitizeText(fmt.Sprintf("SQLSTATE %s: %s", pe.Code, pe.Message))
+	}
+	return sanitizeText(err.Error())
+}
+
+// failRefusedResult fails it's command (a result the database refused for
+// good) with refusal as its result, in a transaction fenced on the gateway
+// lease, only for the result's own node and while the command is not
+// terminal.
+func (g *Gateway) failRefusedResult(ctx context.Context, it *ingestItem, refusal string) error {
+	err := g.runFenced(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, failRefusedResultSQL, it.s.nodeID, it.command, refusal, g.id, it.s.epoch)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("fail command %s after its result was refused: %w", it.command, err)
+	}
+	return nil
+}
+
+// sanitizeText makes s storable as PostgreSQL text: invalid UTF-8 and NUL
+// bytes become U+FFFD.
+func sanitizeText(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsRune(s, 0) {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }

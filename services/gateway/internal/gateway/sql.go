@@ -259,3 +259,21 @@ WITH x AS (
   RETURNING command_id
 )
 SELECT count(*) FROM f, LATERAL (SELECT pg_notify('` + pgnotify.CommandDone + `', '')) n`
+
+// failRefusedResultSQL fails a command whose node's result the database
+// refused for good (ingest.go, permanentDBError): only the node's own
+// command, only while it is not terminal; the refusal is stored as its
+// result (result id "refused/<command id>") and one NOTIFY wakes the api's
+// WaitCommand.
+const failRefusedResultSQL = `
+WITH f AS (
+  UPDATE commands SET state = 'failed', finished_at = compute_now()
+   WHERE id = $2 AND node_id = $1 AND state IN ('pending', 'dispatched', 'acknowledged')
+  RETURNING id, node_id
+), r AS (
+  INSERT INTO command_results (node_id, id, command_id, exit_code, error, gateway_id, session_epoch)
+  SELECT node_id, left('refused/' || id, 200), id, -1, $3, $4, $5 FROM f
+  ON CONFLICT DO NOTHING
+  RETURNING command_id
+)
+SELECT count(*) FROM f, LATERAL (SELECT pg_notify('` + pgnotify.CommandDone + `', '')) n`
