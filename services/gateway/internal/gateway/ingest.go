@@ -278,6 +278,7 @@ func (g *Gateway) writeBatch(ctx context.Context, batch []*ingestItem) ([]string
 		off      int64
 	}
 	seenR, seenE, seenA, seenK := map[key]bool{}, map[key]bool{}, map[key]bool{}, map[key]bool{}
+	resultOf := map[string]bool{} // commands with a result in the batch: one result per command
 	seenO := map[okey]bool{}
 	for i, it := range batch {
 		k := key{it.s.nodeID, it.id}
@@ -296,7 +297,11 @@ func (g *Gateway) writeBatch(ctx context.Context, batch []*ingestItem) ([]string
 				out[i] = "duplicate"
 				continue
 			}
-			seenR[k] = true
+			if resultOf[it.command] {
+				out[i] = "ignored"
+				continue
+			}
+			seenR[k], resultOf[it.command] = true, true
 			rI, rNode, rID, rCmd = append(rI, int32(i)), append(rNode, it.s.nodeID), append(rID, it.id), append(rCmd, it.command)
 			rExit, rOut, rErr = append(rExit, it.exitCode), append(rOut, it.output), append(rErr, it.errText)
 			rStart, rFin, rEpoch = append(rStart, it.started), append(rFin, it.finished), append(rEpoch, it.s.epoch)

@@ -88,7 +88,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "leasehold_gateway_command_results_total", Help: "Command results received, by outcome (stored, duplicate, unknown).",
+			Name: "leasehold_gateway_command_results_total", Help: "Command results received, by outcome (stored, duplicate, ignored: a command's second result under another id, unknown, denied, refused: the database refused it for good and its command was failed).",
 		}, []string{"outcome"}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leasehold_gateway_node_events_total", Help: "Node events received, by outcome (stored, duplicate, refused).",

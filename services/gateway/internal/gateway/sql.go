@@ -124,9 +124,11 @@ UPDATE nodes SET state = 'disconnected', updated_at = compute_now()
 // ingestSQL is the group commit (ingest.go): in one statement it stores a
 // batch of results ($2..$11), acks ($12..$14) and events ($15..$22), each
 // array element tagged with its item's index, and returns every index with
-// its outcome. A result is stored only for a command of its own node,
-// ON CONFLICT DO NOTHING on (node_id, id), and closes its command as
-// succeeded or failed only if it is not terminal; an ack moves its own
+// its outcome. A result is stored only for a command of its own node and
+// only if the command has no result yet (one result per command, the
+// first: a later one with another id is 'ignored'), ON CONFLICT DO NOTHING
+// on (node_id, id) and on the one-result-per-command index, and closes its
+// command as succeeded or failed only if it is not terminal; an ack moves its own
 // node's dispatched command to acknowledged. The batch never holds an ack
 // and a result for the same command, so no row is changed twice. When a
 // command finishes, one NOTIFY on leasehold_command_done (empty payload,
@@ -150,7 +152,8 @@ WITH r AS (
   INSERT INTO command_results (node_id, id, command_id, exit_code, output, error, started_at, finished_at, gateway_id, session_epoch)
   SELECT r.node_id, r.id, r.command_id, r.exit_code, r.output, r.error, r.started_at, r.finished_at, $1, r.session_epoch
     FROM r JOIN commands c ON c.id = r.command_id AND c.node_id = r.node_id
-  ON CONFLICT (node_id, id) DO NOTHING
+   WHERE NOT EXISTS (SELECT 1 FROM command_results x WHERE x.command_id = r.command_id)
+  ON CONFLICT DO NOTHING
   RETURNING node_id, id, command_id, exit_code, error
 ), fin AS (
   UPDATE commands c SET state = CASE WHEN i.exit_code <> 0 OR i.error <> '' THEN 'failed' ELSE 'succeeded' END,
@@ -201,7 +204,8 @@ WITH r AS (
 SELECT r.i, CASE WHEN c.id IS NULL THEN 'unknown'
                  WHEN c.node_id <> r.node_id THEN 'denied'
                  WHEN EXISTS (SELECT 1 FROM ins WHERE ins.node_id = r.node_id AND ins.id = r.id) THEN 'stored'
-                 ELSE 'duplicate' END,
+                 WHEN EXISTS (SELECT 1 FROM command_results x WHERE x.node_id = r.node_id AND x.id = r.id) THEN 'duplicate'
+                 ELSE 'ignored' END,
        CASE WHEN c.node_id = r.node_id THEN c.traceparent END
   FROM r LEFT JOIN commands c ON c.id = r.command_id
 UNION ALL

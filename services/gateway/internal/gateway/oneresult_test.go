@@ -1,0 +1,52 @@
+package gateway
+
+import (
+	"context"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
+	"github.com/leasehold/leasehold/pkg/pgtest"
+)
+
+// TestOneResultPerCommand: two results with different ids for one command
+// (in one batch and in two) keep one row, the first, and the second is
+// counted as ignored.
+func TestOneResultPerCommand(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	g := startGateway(t, db, testConfig())
+	creds := registerNodes(t, db, "n", 1)
+	s := dialRaw(t, g.Addr())
+	s.welcome(t, "n-0", creds[0])
+	result := func(id, rid string, exit int32) *nodev1.ConnectRequest {
+		return &nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_CommandResult{CommandResult: &nodev1.CommandResult{
+			CommandId: id, ResultId: rid, ExitCode: exit}}}
+	}
+	a := dispatchedTo(t, db, s, "n-0")
+	require.NoError(t, s.stream.Send(result(a, "first", 0)))
+	s.sync(t, 1)
+	require.NoError(t, s.stream.Send(result(a, "second", 7)))
+	s.sync(t, 2)
+	b := dispatchedTo(t, db, s, "n-0")
+	require.NoError(t, s.stream.Send(result(b, "b1", 0)))
+	require.NoError(t, s.stream.Send(result(b, "b2", 7)))
+	s.sync(t, 3)
+	for _, id := range []string{a, b} {
+		var n int
+		var exit int32
+		require.NoError(t, db.Pool.QueryRow(context.Background(),
+			`SELECT count(*), min(exit_code) FROM command_results WHERE command_id = $1`, id).Scan(&n, &exit))
+		require.Equal(t, 1, n, "one result row for %s", id)
+		require.Equal(t, int32(0), exit, "the first result is kept")
+		require.Equal(t, "succeeded", commandState(t, db, id))
+	}
+	require.Equal(t, 2.0, testutil.ToFloat64(g.m.results.WithLabelValues("ignored")))
+
+	// The database holds the rule too (migration 00028).
+	_, err := db.Pool.Exec(context.Background(), `
+INSERT INTO command_results (node_id, id, command_id, exit_code, gateway_id, session_epoch) VALUES ('n-0', 'third', $1, 0, 'gw', 1)`, a)
+	require.ErrorContains(t, err, "command_results_one_per_command")
+}
