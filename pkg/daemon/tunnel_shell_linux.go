@@ -276,7 +276,7 @@ func (s *shellProc) wait() {
 	s.reaped = true
 	s.mu.Unlock()
 	s.status = exitStatus(s.cmd.ProcessState)
-	_ = s.out.SetReadDeadline(time.Now().Add(shellExitDrain))
+	_ = s.out.SetReadDeadline(time.Now().Add(shellExitDrain)) //nolint:forbidigo // a file's read deadline is on the wall clock by nature
 	close(s.exited)
 }
 

@@ -34,7 +34,6 @@ type shellConv struct {
 	end  chan error
 	seen bytes.Buffer // data so far
 	mark int          // how much of seen expect has consumed
-	exit *nodev1.ShellExit
 }
 
 // shellFake welcomes the daemon, sends opens on its session and hands every
