@@ -1,7 +1,8 @@
 // Package janitor is a periodic singleton that deletes what has aged out:
 // workers rows silent for long, finished commands and their results, and
-// node events past retention that every sink has delivered, and audit events
-// past the audit retention. Each table is
+// node events past retention that every sink has delivered, audit events
+// past the audit retention, and runs finished longer ago than the command
+// retention (with their nodes). Each table is
 // trimmed in bounded batches so one run never holds a long transaction.
 package janitor
 
@@ -48,7 +49,7 @@ func DefaultConfig() Config {
 func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.DurationVar(&c.Every, prefix+"interval", c.Every, "janitor period")
 	f.DurationVar(&c.WorkersAfter, prefix+"workers-after", c.WorkersAfter, "delete workers rows silent this long")
-	f.DurationVar(&c.CommandRetention, prefix+"command-retention", c.CommandRetention, "keep finished commands and their results this long")
+	f.DurationVar(&c.CommandRetention, prefix+"command-retention", c.CommandRetention, "keep finished commands and their results, and finished runs, this long")
 	f.DurationVar(&c.EventRetention, prefix+"event-retention", c.EventRetention, "keep node events this long (undelivered ones are kept)")
 	f.DurationVar(&c.AuditRetention, prefix+"audit-retention", c.AuditRetention, "keep audit events this long")
 	f.DurationVar(&c.OutputRetention, prefix+"output-retention", c.OutputRetention, "keep the live output of finished commands this long")
@@ -71,7 +72,7 @@ func (c Config) Validate() error {
 }
 
 // Counts is what one run deleted.
-type Counts struct{ Workers, Commands, Events, Audit, Output int64 }
+type Counts struct{ Workers, Commands, Events, Audit, Output, Runs int64 }
 
 // Run trims every table once in tx.
 func Run(ctx context.Context, tx pgx.Tx, cfg Config) (Counts, error) {
@@ -128,6 +129,17 @@ DELETE FROM command_output WHERE (command_id, "offset") IN (
 		return c, fmt.Errorf("delete old command output: %w", err)
 	}
 	c.Output = tag.RowsAffected()
+	// Runs live as long as commands; their run_nodes go with them (ON
+	// DELETE CASCADE). A running run has no finished_at and stays.
+	tag, err = tx.Exec(ctx, `
+DELETE FROM runs WHERE id IN (
+  SELECT id FROM runs
+   WHERE finished_at < compute_now() - make_interval(secs => $1::float8)
+   LIMIT $2)`, cfg.CommandRetention.Seconds(), cfg.Batch)
+	if err != nil {
+		return c, fmt.Errorf("delete old runs: %w", err)
+	}
+	c.Runs = tag.RowsAffected()
 	return c, nil
 }
 
@@ -145,6 +157,7 @@ func Register(rt *reconcile.Runtime, cfg Config, reg prometheus.Registerer) erro
 		deleted.WithLabelValues("node_events").Add(float64(c.Events))
 		deleted.WithLabelValues("audit_events").Add(float64(c.Audit))
 		deleted.WithLabelValues("command_output").Add(float64(c.Output))
+		deleted.WithLabelValues("runs").Add(float64(c.Runs))
 		return err
 	})
 }

@@ -135,3 +135,29 @@ INSERT INTO command_output (command_id, "offset", stream, data) VALUES
 	require.NoError(t, err)
 	require.Equal(t, []string{"recent", "running"}, left)
 }
+
+func TestJanitorTrimsOldRuns(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `
+INSERT INTO nodes (id) VALUES ('n1');
+INSERT INTO runs (id, target, kind, command_timeout, max_in_flight, max_failures, state, finished_at) VALUES
+  ('old', '{}', 'k', interval '1 hour', 1, 0, 'succeeded', compute_now() - interval '8 days'),
+  ('recent', '{}', 'k', interval '1 hour', 1, 0, 'failed', compute_now() - interval '1 hour'),
+  ('running', '{}', 'k', interval '1 hour', 1, 0, 'running', NULL);
+INSERT INTO run_nodes (run_id, node_id) VALUES ('old', 'n1'), ('recent', 'n1'), ('running', 'n1');`)
+	require.NoError(t, err)
+	var c janitor.Counts
+	require.NoError(t, pgdb.InTx(ctx, db, func(tx pgx.Tx) error {
+		var err error
+		c, err = janitor.Run(ctx, tx, janitor.DefaultConfig())
+		return err
+	}))
+	require.EqualValues(t, 1, c.Runs)
+	rows, err := db.Query(ctx, `SELECT run_id FROM run_nodes ORDER BY run_id`)
+	require.NoError(t, err)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"recent", "running"}, left, "a run's nodes go with it")
+}
