@@ -357,6 +357,7 @@ func runServices(ctx context.Context, logger *slog.Logger, o options, stack []se
 		}
 		return err
 	}
+	writeCLIContext(logger, o, byName["api"].listen)
 	printEndpoints(stack, nodes, url)
 
 	var timeout <-chan time.Time
@@ -404,7 +405,8 @@ func printEndpoints(stack []service, nodes []devNode, url string) {
 	for _, n := range nodes {
 		fmt.Printf("  %-10s http://%s/readyz  /healthz/detail\n", n.id, n.health)
 	}
-	fmt.Printf("\nRun a command on %s (docs/node.md):\n", nodes[0].id)
+	fmt.Printf("\nRun a command on %s with the CLI (docs/cli.md; context dev):\n  bin/leasehold run %s -- uname -a\n  bin/leasehold run -l %s -- uptime\n", nodes[0].id, nodes[0].id, devFleetLabel)
+	fmt.Printf("\nor with curl (docs/node.md):\n")
 	fmt.Print(strings.NewReplacer("API_ADDR", byName["api"].listen, "TOKEN", apiToken, "NODE", nodes[0].id).Replace(tryExec))
 	fmt.Println("A service that exits is restarted (see the log). Press Ctrl-C to stop.")
 }

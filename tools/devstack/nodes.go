@@ -112,6 +112,36 @@ func nodeChildren(o options, logger *slog.Logger, gatewayAddr string, nodes []de
 	return out, nil
 }
 
+// writeCLIContext writes (and keeps current) the context "dev" of the
+// leasehold CLI in the user's config file, with the dev admin token in a
+// 0600 file under the stack's directory, so `bin/leasehold run dev-node-1
+// -- uname -a` works with no other step. The CLI changes no other context
+// and makes dev current only when none is. A failure is reported, not
+// fatal: the stack runs without it.
+func writeCLIContext(logger *slog.Logger, o options, apiAddr string) {
+	dir, err := filepath.Abs(o.dir)
+	if err == nil {
+		err = os.MkdirAll(dir, 0o700)
+	}
+	tokenFile := filepath.Join(dir, "admin-token")
+	if err == nil {
+		err = os.WriteFile(tokenFile, []byte(apiToken+"\n"), 0o600)
+	}
+	if err == nil {
+		var out []byte
+		out, err = exec.Command(filepath.Join(o.bin, "leasehold"), "context", "set", "dev",
+			"--api", "http://"+apiAddr, "--token-file", tokenFile).CombinedOutput()
+		if err != nil {
+			err = fmt.Errorf("%w: %s", err, strings.TrimSpace(string(out)))
+		}
+	}
+	if err != nil {
+		logger.Warn("could not write the leasehold CLI's dev context; use curl or `leasehold context set`", "err", err)
+		return
+	}
+	logger.Info("leasehold CLI context dev written", "api", "http://"+apiAddr, "token_file", tokenFile)
+}
+
 // waitNodesReady waits until every node's /readyz answers 200 (its session
 // is up), or ctx ends.
 func waitNodesReady(ctx context.Context, nodes []devNode) error {

@@ -93,6 +93,7 @@ func devstackBins(t *testing.T) (binDir, devstack string) {
 	for _, name := range []string{"worker", "scheduler", "gateway", "api", "node"} {
 		require.NoError(t, os.Symlink(proctest.Build(t, "../../services/"+name), filepath.Join(binDir, "leasehold-"+name)))
 	}
+	require.NoError(t, os.Symlink(proctest.Build(t, "../../services/cli"), filepath.Join(binDir, "leasehold")))
 	return binDir, proctest.Build(t, ".")
 }
 
@@ -131,7 +132,8 @@ func TestDevstackRestartsAKilledServiceAndStopsCleanly(t *testing.T) {
 		defer ln.Close()
 	}
 	apiPort, gwPort := freePort(t), freePort(t)
-	p := proctest.Start(t, "devstack", bin, []string{"LEASEHOLD_DATABASE_URL=" + directURL(t, db)},
+	cliConfig := filepath.Join(t.TempDir(), "leasehold", "config.yaml")
+	p := proctest.Start(t, "devstack", bin, []string{"LEASEHOLD_DATABASE_URL=" + directURL(t, db), "LEASEHOLD_CONFIG=" + cliConfig},
 		"-bin", binDir, "-dir", t.TempDir(), "-restart-backoff", "100ms", "-restart-backoff-max", "2s",
 		"-api-port", fmt.Sprint(apiPort), "-gateway-port", fmt.Sprint(gwPort))
 	require.Eventually(t, func() bool { return strings.Contains(p.Logs(), "leasehold is running") || p.Exited() },
@@ -147,6 +149,16 @@ func TestDevstackRestartsAKilledServiceAndStopsCleanly(t *testing.T) {
 	require.NotEqual(t, "127.0.0.1:9101", workerHealth)
 	require.Equal(t, 2, strings.Count(logs, `msg="dev node joined"`), logs)
 	runOnDevNode(t, apiPort)
+	// The quick start's CLI line works as printed: make run wrote the
+	// context dev.
+	require.Contains(t, logs, "bin/leasehold run dev-node-1 -- uname -a")
+	cli := exec.Command(filepath.Join(binDir, "leasehold"), "run", "dev-node-1", "--", "uname", "-a")
+	cli.Env = []string{"PATH=/usr/bin:/bin", "LEASEHOLD_CONFIG=" + cliConfig}
+	out, err := cli.CombinedOutput()
+	require.NoError(t, err, string(out))
+	want, err := exec.Command("uname", "-a").Output()
+	require.NoError(t, err)
+	require.Contains(t, string(out), strings.TrimSpace(string(want)))
 
 	startedRE := regexp.MustCompile(`msg="service started" service=worker pid=(\d+)`)
 	pids := func() []int {
