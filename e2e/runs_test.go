@@ -231,19 +231,19 @@ func TestRuns(t *testing.T) {
 		require.Contains(t, run.GetReason(), "more than max_failures 2")
 		execs, maxIn := s.nodes.snapshot("budget")
 		require.LessOrEqual(t, maxIn, 2)
-		// From the nodes' side: no execution started after the third
-		// failure ended.
-		var failEnds []time.Time
+		// No node started after the run failed (both times from the
+		// database's clock).
+		late, err := queryInt(s.db.Pool, `SELECT count(*) FROM run_nodes rn JOIN runs r ON r.id = rn.run_id
+ WHERE rn.run_id = $1 AND rn.started_at > r.finished_at`, id)
+		require.NoError(t, err)
+		require.Zero(t, late, "a node started after the budget was spent")
+		failedOnNodes := 0
 		for _, e := range execs {
 			if e.failed {
-				failEnds = append(failEnds, e.end)
+				failedOnNodes++
 			}
 		}
-		slices.SortFunc(failEnds, func(a, b time.Time) int { return a.Compare(b) })
-		require.GreaterOrEqual(t, len(failEnds), 3)
-		for _, e := range execs {
-			require.False(t, e.start.After(failEnds[2].Add(50*time.Millisecond)), "node %s started after the budget was spent", e.node)
-		}
+		require.GreaterOrEqual(t, failedOnNodes, 3, "max_failures+1 failures on the nodes")
 		ran := map[string]bool{}
 		for _, e := range execs {
 			ran[e.node] = true
@@ -259,7 +259,9 @@ func TestRuns(t *testing.T) {
 			}
 		}
 		require.Equal(t, 20-len(execs), notStarted)
-		require.GreaterOrEqual(t, notStarted, 15-2, "the rest were not started")
+		// The five failing nodes come first; with two in flight no
+		// succeeding node can start before three failures are recorded.
+		require.GreaterOrEqual(t, notStarted, 15, "the rest were not started")
 	})
 
 	t.Run("cancel mid-run", func(t *testing.T) {
