@@ -272,6 +272,14 @@ demo:
 	@$(BENCH_HAPROXY)
 	cd bench && go run ./multi-gateway -scenario kill -nodes 300 -site-agents 2 -warmup 10s -observe 20s -rate 20 -progress
 
+## check-large-files: no tracked file over 1 MiB (built binaries, packages and
+## downloads stay out of the repository; see .gitignore)
+.PHONY: check-large-files
+check-large-files:
+	@big=$$(git ls-files -z | xargs -0 stat -c '%s %n' 2>/dev/null | awk '$$1 > 1048576'); \
+		if [ -n "$$big" ]; then echo "files over 1 MiB are tracked (built or fetched? they belong in .gitignore):"; echo "$$big"; exit 1; fi; \
+		echo "no tracked file over 1 MiB"
+
 ## check-links: every relative link and #anchor of the Markdown files resolves
 .PHONY: check-links
 check-links:
