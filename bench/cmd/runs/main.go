@@ -54,6 +54,7 @@ type result struct {
 	Nodes          int     `json:"nodes"`
 	InFlight       int     `json:"in_flight"`
 	WorkerPoll     string  `json:"worker_poll_interval"`
+	WorkerListen   bool    `json:"worker_listens"`
 	IdlePerSecond  float64 `json:"idle_statements_per_second"`
 	LoadBefore     string  `json:"load_before"`
 	LoadAfter      string  `json:"load_after"`
@@ -113,19 +114,20 @@ func main() {
 	idle := flag.Duration("idle", 5*time.Second, "how long the background statement rate is measured")
 	jsonPath := flag.String("json", "", "write the result as JSON to this file")
 	binDir := flag.String("bin", "", "use prebuilt leasehold-* binaries from this directory (default: build)")
+	noListen := flag.Bool("worker-no-listen", false, "run the worker with --pooler and no LISTEN URL: runs are woken by the 1 s scan and the recheck only, not by leasehold_command_done")
 	workerPoll := flag.Duration("worker-poll", 0, "the worker's --coord.poll-interval (0: its default, 500ms): how soon an idle reconciler sees an enqueued key")
 	flag.Parse()
-	if err := run(*nodes, *inFlight, *idle, *workerPoll, *jsonPath, *binDir); err != nil {
+	if err := run(*nodes, *inFlight, *idle, *workerPoll, *noListen, *jsonPath, *binDir); err != nil {
 		fmt.Fprintln(os.Stderr, "runs:", err)
 		os.Exit(1)
 	}
 }
 
-func run(n, inFlight int, idle, workerPoll time.Duration, jsonPath, binDir string) error {
+func run(n, inFlight int, idle, workerPoll time.Duration, noListen bool, jsonPath, binDir string) error {
 	ctx, cancel := harness.SignalContext(func() {})
 	defer cancel()
 	res := &result{Machine: harness.Host(), Date: time.Now().UTC().Format(time.RFC3339), Nodes: n, InFlight: inFlight, LoadBefore: loadavg(),
-		WorkerPoll: "500ms (default)"}
+		WorkerPoll: "500ms (default)", WorkerListen: !noListen}
 	if workerPoll > 0 {
 		res.WorkerPoll = workerPoll.String()
 	}
@@ -163,6 +165,9 @@ func run(n, inFlight int, idle, workerPoll time.Duration, jsonPath, binDir strin
 		{"gateway", append(common("gw1"), "--listen-addr", gwAddr), nil},
 		{"api", append(common("api1"), "--listen-addr", apiAddr, "--api.rate-limit", "0"), []string{"LEASEHOLD_API_TOKENS=operator:" + token}},
 		{"worker", common("wk1"), nil},
+	}
+	if noListen {
+		procs[2].args = append(procs[2].args, "--pooler")
 	}
 	if workerPoll > 0 {
 		procs[2].args = append(procs[2].args, "--coord.poll-interval", workerPoll.String())
@@ -305,7 +310,7 @@ func run(n, inFlight int, idle, workerPoll time.Duration, jsonPath, binDir strin
 
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "runs bench: %d nodes, %d in flight, worker --coord.poll-interval %s (runs reconciler: --runs.claim-poll 100ms), %s; load average before %s, after %s\n", n, inFlight, res.WorkerPoll, res.Database, res.LoadBefore, res.LoadAfter)
-	fmt.Fprintf(w, "idle background: %.0f statements/s\n", res.IdlePerSecond)
+	fmt.Fprintf(w, "idle background: %.0f statements/s; worker LISTENs for leasehold_command_done: %v\n", res.IdlePerSecond, res.WorkerListen)
 	fmt.Fprintln(w, "phase\tseconds\tstatements\tper node\tper node net of idle\texecutions\tmax concurrent\toutcome")
 	for _, p := range res.Phases {
 		fmt.Fprintf(w, "%s\t%.2f\t%d\t%.1f\t%.1f\t%d\t%d\t%s\n", p.Name, p.Seconds, p.Statements, p.PerNode, p.PerNodeNet, p.Executions, p.MaxConcurrent, p.Outcome)
