@@ -293,3 +293,39 @@ func TestCancelRun(t *testing.T) {
 		"c": {controlv1.RunNodeState_RUN_NODE_STATE_NOT_STARTED},
 	}, seen)
 }
+
+// TestRunSelectorSeesEffectiveLabels: a selector matches the labels a node
+// shows (reported, overlaid by assigned), evaluated in SQL.
+func TestRunSelectorSeesEffectiveLabels(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := ctxT(t)
+	b.registerNode("a", map[string]string{"env": "prod"})
+	b.registerNode("b", nil)
+	b.registerNode("c", map[string]string{"env": "dev"})
+	// What the nodes report on Hello: a says dev (its assigned prod wins),
+	// b says prod and has a gpu.
+	b.exec(`UPDATE nodes SET labels = '{"env": "dev"}' WHERE id = 'a'`)
+	b.exec(`UPDATE nodes SET labels = '{"env": "prod", "gpu": "a100"}' WHERE id = 'b'`)
+	ids := func(sel string) []string {
+		t.Helper()
+		r, err := b.operator.CreateRun(ctx, runReq(&controlv1.RunTarget{Selector: sel}, nil))
+		if err != nil {
+			requireCode(t, err, connect.CodeFailedPrecondition, sel)
+			return nil
+		}
+		g, err := b.viewer.GetRun(ctx, connect.NewRequest(&controlv1.GetRunRequest{RunId: r.Msg.GetRun().GetId()}))
+		require.NoError(t, err)
+		var out []string
+		for _, n := range g.Msg.GetNodes() {
+			out = append(out, n.GetNodeId())
+		}
+		return out
+	}
+	require.Equal(t, []string{"a", "b"}, ids("env=prod"))
+	require.Equal(t, []string{"b"}, ids("gpu"))
+	require.Equal(t, []string{"a", "c"}, ids("!gpu"))
+	require.Equal(t, []string{"c"}, ids("env notin (prod)"))
+	require.Equal(t, []string{"a", "b", "c"}, ids("env in (prod, dev)"))
+	require.Nil(t, ids("env=prod,gpu=h100"))
+}
