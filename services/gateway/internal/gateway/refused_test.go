@@ -2,12 +2,14 @@ package gateway
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/leasehold/leasehold/pkg/daemon"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 )
@@ -62,4 +64,38 @@ func TestResultRefusedByDatabaseEndsItsCommand(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, m.GetWelcome())
 	s2.sync(t, 1)
+}
+
+// TestDaemonRefusedResultIsNotResent: a real daemon whose journal holds a
+// result the database refuses for good (journalled by an older daemon)
+// sends it once: the gateway fails the command and ends the session
+// INVALID_ARGUMENT, the daemon redials, the command is not replayed, and
+// the daemon runs the next command on the new session.
+func TestDaemonRefusedResultIsNotResent(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	g := startGateway(t, db, testConfig())
+	creds := registerNodes(t, db, "n", 1)
+	bad := insertCommand(t, db, "n-0", "exec")
+	j := daemon.NewMemoryJournal()
+	require.NoError(t, j.Record(bad, &nodev1.CommandResult{CommandId: bad, ResultId: bad + "/1",
+		StartedAt: &timestamppb.Timestamp{Seconds: -3_200_000_000_000}}))
+	d, err := daemon.New(daemon.Config{Address: "http://" + g.Addr(), NodeID: "n-0", Credential: creds[0], Handler: noopHandler, Journal: j})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = d.Run(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+
+	require.Eventually(t, func() bool { return commandState(t, db, bad) == "failed" && d.Stats().Welcomes >= 2 },
+		30*time.Second, 20*time.Millisecond, "the command fails and the daemon redials")
+	// A replay would be sent right after the Welcome, before this one.
+	next := insertCommand(t, db, "n-0", "exec")
+	require.Eventually(t, func() bool { return commandState(t, db, next) == "succeeded" }, 30*time.Second, 20*time.Millisecond)
+	st := d.Stats()
+	require.Equal(t, int64(1), st.Replays, "the refused result was sent once")
+	require.Equal(t, int64(2), st.Welcomes, "one redial")
+	var n int
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM command_results WHERE command_id = $1`, bad).Scan(&n))
+	require.Equal(t, 1, n)
 }
