@@ -65,7 +65,14 @@ const (
 	MaxValueLen = 256
 )
 
-var keyRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/:-]{0,126}[A-Za-z0-9])?$`)
+var keyRE = regexp.MustCompile(KeyPattern)
+
+// KeyPattern is what a label key must match, in a selector and anywhere a
+// label is written (flags, join tokens).
+const KeyPattern = `^[A-Za-z0-9]([A-Za-z0-9._/:-]{0,126}[A-Za-z0-9])?$`
+
+// ValidKey reports whether k is a label key a selector can name.
+func ValidKey(k string) bool { return keyRE.MatchString(k) }
 
 // SyntaxError is Parse's error: Pos is the byte offset (0-based) where the
 // problem was found.

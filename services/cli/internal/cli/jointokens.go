@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
+	"github.com/leasehold/leasehold/pkg/selector"
 )
 
 func (a *app) joinTokensCommand() *cobra.Command {
@@ -33,8 +34,8 @@ func parseLabels(flag string, kvs []string) (map[string]string, error) {
 	out := map[string]string{}
 	for _, kv := range kvs {
 		k, v, ok := strings.Cut(kv, "=")
-		if !ok || !labelKeyRE.MatchString(k) {
-			return nil, usagef("%s %q: want key=value with a key matching %s", flag, kv, labelKeyRE)
+		if !ok || !selector.ValidKey(k) {
+			return nil, usagef("%s %q: want key=value with a key matching %s", flag, kv, selector.KeyPattern)
 		}
 		out[k] = v
 	}

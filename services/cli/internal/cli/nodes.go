@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
+	"github.com/leasehold/leasehold/pkg/selector"
 )
 
 // parseNodeState accepts connected, NODE_STATE_CONNECTED, CONNECTED.
@@ -31,7 +32,7 @@ func nodeState(s controlv1.NodeState) string { return enumName(s.String(), "NODE
 
 // listNodes pages through ListNodes with the server-side filters and applies
 // the selector on the client.
-func (s *session) listNodes(ctx context.Context, req *controlv1.ListNodesRequest, sel Selector) ([]*controlv1.Node, error) {
+func (s *session) listNodes(ctx context.Context, req *controlv1.ListNodesRequest, sel selector.Selector) ([]*controlv1.Node, error) {
 	var out []*controlv1.Node
 	req = proto.CloneOf(req)
 	req.PageSize = 1000
@@ -65,7 +66,7 @@ func (a *app) nodesCommand() *cobra.Command {
 const selectorHelp = `label selector, kubectl-style: k=v, k!=v, 'k in (a,b)', 'k notin (a,b)', k, !k, comma-separated (applied by the client: ListNodes does not filter by label)`
 
 func (a *app) nodesLsCommand() *cobra.Command {
-	var selector, state, pool string
+	var selectorFlag, state, pool string
 	var cordoned, watch bool
 	var interval time.Duration
 	cmd := &cobra.Command{
@@ -81,9 +82,9 @@ func (a *app) nodesLsCommand() *cobra.Command {
 polling every --watch-interval, until Ctrl-C.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			sel, err := ParseSelector(selector)
+			sel, err := selector.Parse(selectorFlag)
 			if err != nil {
-				return usagef("-l: %v", err)
+				return usagef("-l: selector %q: %v", selectorFlag, err)
 			}
 			st, err := parseNodeState(state)
 			if err != nil {
@@ -108,7 +109,7 @@ polling every --watch-interval, until Ctrl-C.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVarP(&selector, "selector", "l", "", selectorHelp)
+	f.StringVarP(&selectorFlag, "selector", "l", "", selectorHelp)
 	f.StringVar(&state, "state", "", "only nodes in this state (server side): registered, connected, disconnected, unreachable, revoked")
 	f.StringVar(&pool, "pool", "", "only nodes of this pool (server side)")
 	f.BoolVar(&cordoned, "cordoned", false, "only cordoned nodes (server side)")
@@ -149,7 +150,7 @@ func (a *app) printNodes(nodes []*controlv1.Node) error {
 
 // watchNodes polls and prints each node that appeared or whose state,
 // cordon, labels, gateway or epoch changed (json/yaml: the node itself).
-func (a *app) watchNodes(ctx context.Context, s *session, req *controlv1.ListNodesRequest, sel Selector, last []*controlv1.Node, interval time.Duration) error {
+func (a *app) watchNodes(ctx context.Context, s *session, req *controlv1.ListNodesRequest, sel selector.Selector, last []*controlv1.Node, interval time.Duration) error {
 	seen := map[string]string{}
 	key := func(n *controlv1.Node) string {
 		return fmt.Sprint(n.GetState(), n.GetCordoned(), labelString(n.GetLabels()), n.GetGatewayId(), n.GetSessionEpoch())
@@ -494,7 +495,7 @@ func (a *app) completeNodes(cmd *cobra.Command, _ []string, prefix string) ([]st
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Second)
 	defer cancel()
-	nodes, err := s.listNodes(ctx, &controlv1.ListNodesRequest{}, nil)
+	nodes, err := s.listNodes(ctx, &controlv1.ListNodesRequest{}, selector.Selector{})
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveNoFileComp | cobra.ShellCompDirectiveError
 	}

@@ -10,10 +10,11 @@ import (
 	"github.com/spf13/cobra"
 
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
+	"github.com/leasehold/leasehold/pkg/selector"
 )
 
 func (a *app) runCommand() *cobra.Command {
-	var selector string
+	var selectorFlag string
 	var timeout time.Duration
 	var maxInFlight int
 	cmd := &cobra.Command{
@@ -40,11 +41,11 @@ on; leasehold commands ls shows them.`,
 				return usagef("no program: put it after --, e.g. leasehold run node-1 -- uname -a")
 			}
 			nodes, argv := append([]string(nil), args[:dash]...), args[dash:]
-			sel, err := ParseSelector(selector)
+			sel, err := selector.Parse(selectorFlag)
 			if err != nil {
-				return usagef("-l: %v", err)
+				return usagef("-l: selector %q: %v", selectorFlag, err)
 			}
-			if len(nodes) == 0 && selector == "" {
+			if len(nodes) == 0 && selectorFlag == "" {
 				return usagef("no node: name nodes or select them with -l")
 			}
 			if maxInFlight < 1 {
@@ -63,7 +64,7 @@ on; leasehold commands ls shows them.`,
 				return err
 			}
 			ctx := cmd.Context()
-			if selector != "" {
+			if selectorFlag != "" {
 				matched, err := s.listNodes(ctx, &controlv1.ListNodesRequest{State: controlv1.NodeState_NODE_STATE_CONNECTED}, sel)
 				if err != nil {
 					return err
@@ -107,7 +108,7 @@ on; leasehold commands ls shows them.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVarP(&selector, "selector", "l", "", "also run on the connected nodes matching this label selector (k=v, k!=v, 'k in (a,b)', 'k notin (a,b)', k, !k; applied by the client)")
+	f.StringVarP(&selectorFlag, "selector", "l", "", "also run on the connected nodes matching this label selector (k=v, k!=v, 'k in (a,b)', 'k notin (a,b)', k, !k; applied by the client)")
 	f.DurationVar(&timeout, "timeout", 0, "the commands' timeout, 1s..168h (0: the api's default, 1h)")
 	f.IntVar(&maxInFlight, "max-in-flight", 50, "how many nodes run the command at once")
 	return cmd
@@ -116,7 +117,7 @@ on; leasehold commands ls shows them.`,
 // warnNotConnected says which named nodes are not connected: their
 // commands wait, pending, until the node connects or the timeout passes.
 func (a *app) warnNotConnected(ctx context.Context, s *session, named []string, timeout time.Duration) {
-	all, err := s.listNodes(ctx, &controlv1.ListNodesRequest{}, nil)
+	all, err := s.listNodes(ctx, &controlv1.ListNodesRequest{}, selector.Selector{})
 	if err != nil {
 		return // the creates will say what is wrong
 	}
