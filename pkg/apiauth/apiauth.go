@@ -147,37 +147,22 @@ func Load(path, inline, inlineSource string) (*Keyring, error) {
 }
 
 func (k *Keyring) add(source string, r io.Reader) error {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 64<<10)
-	line := 0
-	for sc.Scan() {
-		line++
-		for _, item := range strings.Split(sc.Text(), ",") {
-			item = strings.TrimSpace(item)
-			if item == "" || strings.HasPrefix(item, "#") {
-				continue
-			}
-			e, err := parseEntry(item)
-			if err != nil {
-				return fmt.Errorf("%s line %d: %w", source, line, err)
-			}
-			for _, have := range k.entries {
-				if subtle.ConstantTimeCompare(have.hash[:], e.hash[:]) == 1 {
-					return fmt.Errorf("%s line %d: token configured twice", source, line)
-				}
-			}
-			k.entries = append(k.entries, e)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return fmt.Errorf("%s: %w", source, err)
+	if errs := k.scan(source, r, true); len(errs) > 0 {
+		return errs[0]
 	}
 	return nil
 }
 
-// addLenient is add that goes past a line that does not parse or repeats
-// a token: it keeps every other entry and returns the errors.
+// addLenient is add that goes past a line that does not parse: it keeps
+// every other entry and returns the errors.
 func (k *Keyring) addLenient(source string, r io.Reader) []error {
+	return k.scan(source, r, false)
+}
+
+// scan reads token lines from r into k. Strict, it stops at the first
+// line that does not parse or repeats a token; lenient, it skips such
+// lines and reports them all. Errors give the line number, never the token.
+func (k *Keyring) scan(source string, r io.Reader, strict bool) []error {
 	var errs []error
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 64<<10)
@@ -190,8 +175,14 @@ func (k *Keyring) addLenient(source string, r io.Reader) []error {
 				continue
 			}
 			e, err := parseEntry(item)
+			if err == nil && strict && k.has(e) {
+				err = errors.New("token configured twice")
+			}
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s line %d: %w", source, line, err))
+				if strict {
+					return errs
+				}
 				continue
 			}
 			k.entries = append(k.entries, e)
@@ -201,6 +192,16 @@ func (k *Keyring) addLenient(source string, r io.Reader) []error {
 		errs = append(errs, fmt.Errorf("%s: %w", source, err))
 	}
 	return errs
+}
+
+// has reports whether e's token is in k, in constant time per entry.
+func (k *Keyring) has(e entry) bool {
+	for _, have := range k.entries {
+		if subtle.ConstantTimeCompare(have.hash[:], e.hash[:]) == 1 {
+			return true
+		}
+	}
+	return false
 }
 
 func parseEntry(item string) (entry, error) {

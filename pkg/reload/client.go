@@ -3,7 +3,6 @@ package reload
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
@@ -88,26 +87,9 @@ func (t *ClientTLS) parse(c [][]byte) (*clientState, error) {
 	st := &clientState{}
 	i := 0
 	if t.files.CA != "" {
-		pool := x509.NewCertPool()
-		rest, n := c[i], 0
-		for {
-			var b *pem.Block
-			b, rest = pem.Decode(rest)
-			if b == nil {
-				break
-			}
-			if b.Type != "CERTIFICATE" {
-				continue
-			}
-			ca, err := x509.ParseCertificate(b.Bytes)
-			if err != nil {
-				return nil, fmt.Errorf("CA file %s: %w", t.files.CA, err)
-			}
-			pool.AddCert(ca)
-			n++
-		}
-		if n == 0 {
-			return nil, fmt.Errorf("CA file %s holds no PEM certificate", t.files.CA)
+		pool, _, err := parseCABundle("CA file "+t.files.CA, c[i])
+		if err != nil {
+			return nil, err
 		}
 		st.roots = pool
 		i++

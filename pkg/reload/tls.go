@@ -86,30 +86,11 @@ func (t *TLS) parse(c [][]byte) (*tlsState, error) {
 	}
 	st := &tlsState{cert: &cert}
 	if len(c) > 2 {
-		pool := x509.NewCertPool()
-		rest := c[2]
-		for {
-			var b *pem.Block
-			b, rest = pem.Decode(rest)
-			if b == nil {
-				break
-			}
-			if b.Type != "CERTIFICATE" {
-				continue
-			}
-			ca, err := x509.ParseCertificate(b.Bytes)
-			if err != nil {
-				return nil, fmt.Errorf("client CA %s: %w", t.files.ClientCA, err)
-			}
-			pool.AddCert(ca)
-			if st.caNotAfter.IsZero() || ca.NotAfter.Before(st.caNotAfter) {
-				st.caNotAfter = ca.NotAfter
-			}
+		pool, notAfter, err := parseCABundle("client CA "+t.files.ClientCA, c[2])
+		if err != nil {
+			return nil, err
 		}
-		if st.caNotAfter.IsZero() {
-			return nil, fmt.Errorf("client CA %s holds no PEM certificate", t.files.ClientCA)
-		}
-		st.clientCAs = pool
+		st.clientCAs, st.caNotAfter = pool, notAfter
 	}
 	return st, nil
 }
@@ -148,4 +129,35 @@ func (t *TLS) handshakeConfig() *tls.Config {
 		c.SessionTicketsDisabled = true
 	}
 	return c
+}
+
+// parseCABundle reads every CERTIFICATE block of a PEM bundle (other
+// blocks are skipped) into a pool, and returns the earliest NotAfter among
+// them. A bundle with none, or with a certificate that does not parse, is
+// an error naming it (what: "client CA /etc/ca.pem").
+func parseCABundle(what string, b []byte) (*x509.CertPool, time.Time, error) {
+	pool := x509.NewCertPool()
+	var notAfter time.Time
+	for {
+		var blk *pem.Block
+		blk, b = pem.Decode(b)
+		if blk == nil {
+			break
+		}
+		if blk.Type != "CERTIFICATE" {
+			continue
+		}
+		ca, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			return nil, time.Time{}, fmt.Errorf("%s: %w", what, err)
+		}
+		pool.AddCert(ca)
+		if notAfter.IsZero() || ca.NotAfter.Before(notAfter) {
+			notAfter = ca.NotAfter
+		}
+	}
+	if notAfter.IsZero() {
+		return nil, time.Time{}, fmt.Errorf("%s holds no PEM certificate", what)
+	}
+	return pool, notAfter, nil
 }
