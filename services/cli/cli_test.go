@@ -122,6 +122,11 @@ func TestContextsAndUsage(t *testing.T) {
 		{[]string{"nodes", "ls", "--bogus"}, "unknown flag: --bogus"},
 		{[]string{"run", "node-0", "uname"}, "put it after --"},
 		{[]string{"run", "--", "uname"}, "no node"},
+		{[]string{"run", "node-0", "--max-in-flight", "0", "--", "true"}, "--max-in-flight \"0\": must be at least 1"},
+		{[]string{"run", "node-0", "--max-in-flight", "120%", "--", "true"}, "--max-in-flight \"120%\": a percentage must be at most 100%"},
+		{[]string{"run", "node-0", "--max-failures", "some", "--", "true"}, "--max-failures \"some\": want a number or a percentage"},
+		{[]string{"run", "node-0", "--pause", "2h", "--", "true"}, "--pause"},
+		{[]string{"runs", "get"}, "want RUN"},
 		{[]string{"join-tokens", "create", "--ttl", "1s"}, "--ttl"},
 		{[]string{"join-tokens", "create", "--label", "=x"}, "--label"},
 		{[]string{"port-forward", "node-0", "80"}, "LOCAL:REMOTE"},
@@ -281,6 +286,20 @@ func TestCLI(t *testing.T) {
 		requireContains(t, r.stderr, "token from environment variable LEASEHOLD_TEST_TOKEN")
 	})
 
+	t.Run("run: bad budgets are usage errors, nothing created", func(t *testing.T) {
+		for _, c := range []struct{ flag, value string }{
+			{"--max-in-flight", "0"}, {"--max-in-flight", "0%"}, {"--max-in-flight", "101%"}, {"--max-in-flight", "ten"},
+			{"--max-in-flight", "-1"}, {"--max-failures", "150%"}, {"--max-failures", "1.5"}, {"--max-failures", "x%"},
+		} {
+			r := e.run(t, "run", "node-0", "node-1", c.flag, c.value, "--", "true")
+			requireCode(t, r, 2)
+			requireContains(t, r.stderr, "leasehold: "+c.flag+" ")
+		}
+		if runs := listRuns(t, ctx, s); len(runs) != 0 {
+			t.Fatalf("usage errors created %d run(s)", len(runs))
+		}
+	})
+
 	t.Run("run on one node", func(t *testing.T) {
 		r := e.run(t, "run", "node-1", "--", "sh", "-c", "echo out; echo err >&2")
 		requireCode(t, r, 0)
@@ -294,28 +313,93 @@ func TestCLI(t *testing.T) {
 
 	t.Run("run across three nodes", func(t *testing.T) {
 		marker := t.TempDir()
-		// One window slot: node-0 runs first and makes the directory, so
-		// it is the one that fails.
+		// One window slot: node-0 runs first (runs start nodes in id
+		// order) and makes the directory, so it is the one that fails; a
+		// budget of one failure lets the others run.
+		script := "echo hello; if mkdir " + marker + "/first 2>/dev/null; then echo first >&2; exit 3; fi; echo fine"
+		r := e.run(t, "run", "node-0", "node-1", "node-2", "--max-in-flight", "1", "--max-failures", "1", "--", "sh", "-c", script)
+		requireCode(t, r, 1)
+		// The nodes' outputs are followed at once: each node's lines in
+		// order, the nodes interleaved as they come.
+		for node, want := range map[string]string{"node-0": "hello\n", "node-1": "hello\nfine\n", "node-2": "hello\nfine\n"} {
+			if got := linesOf(r.stdout, node); got != want {
+				t.Fatalf("%s's stdout %q, want %q; all of it:\n%s", node, got, want, r.stdout)
+			}
+		}
+		requireContains(t, r.stderr, "node-0: first\n")
+		sum := normalizeTable(uuidRE.ReplaceAllString(r.stderr, "<uuid>"))
+		requireContains(t, sum, "node-0   failed: exit code 3   <uuid>")
+		requireContains(t, sum, "node-1   succeeded   <uuid>")
+		requireContains(t, sum, "3 node(s): 2 succeeded, 1 failed\nrun <uuid> failed")
+		// One run on the server, with the three nodes.
+		runs := listRuns(t, ctx, s)
+		got := getRun(t, ctx, s, runs[0].GetId())
+		if len(got.GetNodes()) != 3 || got.GetRun().GetState() != controlv1.RunState_RUN_STATE_FAILED || got.GetRun().GetMaxInFlight() != 1 ||
+			got.GetNodes()[0].GetState() != controlv1.RunNodeState_RUN_NODE_STATE_FAILED || got.GetNodes()[2].GetState() != controlv1.RunNodeState_RUN_NODE_STATE_SUCCEEDED {
+			t.Fatalf("the run: %v", got)
+		}
+		requireContains(t, r.stderr, "leasehold: run "+runs[0].GetId()+": 3 nodes, at most 1 at once, failure budget 1\n")
+	})
+
+	t.Run("run: a failure budget of 0 stops new starts", func(t *testing.T) {
+		marker := t.TempDir()
 		script := "echo hello; if mkdir " + marker + "/first 2>/dev/null; then echo first >&2; exit 3; fi; echo fine"
 		r := e.run(t, "run", "node-0", "node-1", "node-2", "--max-in-flight", "1", "--", "sh", "-c", script)
 		requireCode(t, r, 1)
-		if r.stdout != "node-0: hello\nnode-1: hello\nnode-1: fine\nnode-2: hello\nnode-2: fine\n" {
+		if r.stdout != "node-0: hello\n" {
 			t.Fatalf("stdout:\n%s", r.stdout)
 		}
-		requireContains(t, r.stderr, "node-0: first\n")
-		sum := normalizeTable(regexp.MustCompile(`cmd_[0-9A-Za-z_-]+|[0-9a-f-]{36}`).ReplaceAllString(r.stderr, "<command>"))
-		requireContains(t, sum, "node-0   failed: exit code 3   <command>")
-		requireContains(t, sum, "node-1   succeeded   <command>")
-		requireContains(t, sum, "3 node(s): 2 succeeded, 1 failed")
+		sum := normalizeTable(uuidRE.ReplaceAllString(r.stderr, "<uuid>"))
+		requireContains(t, sum, "node-0   failed: exit code 3   <uuid>")
+		requireContains(t, sum, "node-1   not_started   -")
+		requireContains(t, sum, "node-2   not_started   -")
+		requireContains(t, sum, "3 node(s): 1 failed, 2 not_started\nrun <uuid> failed")
+		runs := listRuns(t, ctx, s)
+		got := getRun(t, ctx, s, runs[0].GetId())
+		for i, want := range []controlv1.RunNodeState{controlv1.RunNodeState_RUN_NODE_STATE_FAILED,
+			controlv1.RunNodeState_RUN_NODE_STATE_NOT_STARTED, controlv1.RunNodeState_RUN_NODE_STATE_NOT_STARTED} {
+			if st := got.GetNodes()[i].GetState(); st != want {
+				t.Fatalf("node %d is %v, want %v", i, st, want)
+			}
+		}
+		if got.GetRun().GetMaxFailures() != 0 || got.GetRun().GetState() != controlv1.RunState_RUN_STATE_FAILED {
+			t.Fatalf("the run: %v", got.GetRun())
+		}
+	})
 
-		// By selector, in parallel: node-0 and node-2 are the web nodes.
-		r = e.run(t, "run", "-l", "role=web", "--", "sh", "-c", "echo up")
+	t.Run("run by selector; runs ls and get", func(t *testing.T) {
+		// In parallel: node-0 and node-2 are the web nodes.
+		r := e.run(t, "run", "-l", "role=web", "--", "sh", "-c", "echo up")
 		requireCode(t, r, 0)
 		got := strings.Split(strings.TrimSpace(r.stdout), "\n")
 		if len(got) != 2 || !contains(got, "node-0: up") || !contains(got, "node-2: up") {
 			t.Fatalf("stdout:\n%s", r.stdout)
 		}
-		requireContains(t, r.stderr, "2 node(s): 2 succeeded, 0 failed")
+		requireContains(t, r.stderr, "2 node(s): 2 succeeded\n")
+		id := listRuns(t, ctx, s)[0].GetId()
+
+		norm := func(s string) string { return uuidRE.ReplaceAllString(s, "<uuid>") }
+		r = e.run(t, "runs", "ls")
+		requireCode(t, r, 0)
+		golden(t, "runs-ls", normalizeTable(norm(r.stdout)))
+		r = e.run(t, "runs", "ls", "--state", "succeeded", "-o", "json")
+		requireCode(t, r, 0)
+		golden(t, "runs-ls-json", normalize(norm(r.stdout)))
+		r = e.run(t, "runs", "get", id)
+		requireCode(t, r, 0)
+		golden(t, "runs-get", normalizeTable(norm(r.stdout)))
+		r = e.run(t, "runs", "get", id, "-o", "json")
+		requireCode(t, r, 0)
+		golden(t, "runs-get-json", normalize(norm(r.stdout)))
+		r = e.run(t, "runs", "wait", id)
+		requireCode(t, r, 0)
+		requireContains(t, r.stdout, "run "+id+": succeeded (2 node(s): 2 succeeded)")
+		r = e.run(t, "runs", "ls", "--state", "sleepy")
+		requireCode(t, r, 2)
+		requireContains(t, r.stderr, "--state")
+		r = e.run(t, "runs", "get", "00000000-0000-0000-0000-000000000000")
+		requireCode(t, r, 1)
+		requireContains(t, r.stderr, "leasehold: not_found: ")
 	})
 
 	t.Run("logs -f follows live output", func(t *testing.T) {
@@ -351,20 +435,28 @@ func TestCLI(t *testing.T) {
 		requireContains(t, r.stdout, id)
 	})
 
-	t.Run("run: Ctrl-C cancels what it started", func(t *testing.T) {
-		b := e.start(t, "run", "node-1", "--", "sh", "-c", "echo started; sleep 60")
-		eventually(t, 30*time.Second, "the command started", func() bool { return b.stdout.String() == "started\n" })
+	t.Run("run: Ctrl-C cancels the run", func(t *testing.T) {
+		b := e.start(t, "run", "node-0", "node-1", "--", "sh", "-c", "echo started; sleep 60")
+		eventually(t, 30*time.Second, "both commands started", func() bool {
+			out := b.stdout.String()
+			return strings.Contains(out, "node-0: started\n") && strings.Contains(out, "node-1: started\n")
+		})
 		signal(t, b, syscall.SIGINT)
 		if code := b.wait(t, 30*time.Second); code != 130 {
 			t.Fatalf("exit %d, want 130: %s", code, b.stderr)
 		}
-		requireContains(t, b.stderr.String(), "cancelled 1 command(s)")
-		res, err := s.client.ListCommands(ctx, connect.NewRequest(&controlv1.ListCommandsRequest{NodeId: "node-1", PageSize: 1}))
-		if err != nil {
-			t.Fatal(err)
+		stderr := normalizeTable(uuidRE.ReplaceAllString(b.stderr.String(), "<uuid>"))
+		requireContains(t, stderr, "leasehold: interrupted: cancelling run <uuid> (Ctrl-C again to exit at once)\n")
+		requireContains(t, stderr, "node-0   cancelled")
+		requireContains(t, stderr, "leasehold: interrupted: run <uuid> cancelled\n")
+		got := getRun(t, ctx, s, listRuns(t, ctx, s)[0].GetId())
+		if got.GetRun().GetState() != controlv1.RunState_RUN_STATE_CANCELLED || got.GetRun().GetReason() != "interrupted from the CLI" {
+			t.Fatalf("the run: %v", got.GetRun())
 		}
-		if st := res.Msg.GetCommands()[0].GetState(); st != controlv1.CommandState_COMMAND_STATE_CANCELLED {
-			t.Fatalf("the command is %v, want cancelled", st)
+		for _, n := range got.GetNodes() {
+			if n.GetState() != controlv1.RunNodeState_RUN_NODE_STATE_CANCELLED {
+				t.Fatalf("node %s is %v, want cancelled", n.GetNodeId(), n.GetState())
+			}
 		}
 	})
 
@@ -453,7 +545,7 @@ func TestCLI(t *testing.T) {
 		r = e.run(t, "run", "idle-0", "--timeout", "2s", "--", "true")
 		requireCode(t, r, 1)
 		requireContains(t, r.stderr, "leasehold: warning: node idle-0 is registered: its command waits until it connects, at most 2s\n")
-		requireContains(t, r.stderr, "leasehold: idle-0: expired")
+		requireContains(t, r.stderr, "leasehold: idle-0: unreachable")
 		t.Logf("expired after %s", time.Since(start))
 	})
 
@@ -587,6 +679,40 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// linesOf is the lines of out prefixed "node: ", without the prefix.
+func linesOf(out, node string) string {
+	var b strings.Builder
+	for _, l := range strings.SplitAfter(out, "\n") {
+		if rest, ok := strings.CutPrefix(l, node+": "); ok {
+			b.WriteString(rest)
+		}
+	}
+	return b.String()
+}
+
+// uuidRE matches the ids of runs and commands.
+var uuidRE = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+
+// listRuns is the newest runs, through the api.
+func listRuns(t *testing.T, ctx context.Context, s *stack) []*controlv1.Run {
+	t.Helper()
+	res, err := s.client.ListRuns(ctx, connect.NewRequest(&controlv1.ListRunsRequest{PageSize: 100}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Msg.GetRuns()
+}
+
+// getRun is a run and its nodes, through the api.
+func getRun(t *testing.T, ctx context.Context, s *stack, id string) *controlv1.GetRunResponse {
+	t.Helper()
+	res, err := s.client.GetRun(ctx, connect.NewRequest(&controlv1.GetRunRequest{RunId: id}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Msg
 }
 
 func itoa(p uint32) string { return strconv.FormatUint(uint64(p), 10) }

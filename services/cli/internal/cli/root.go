@@ -1,6 +1,6 @@
 // Package cli is the leasehold operator CLI: contexts in a configuration
 // file, and commands over leasehold-api's ControlService (nodes, commands,
-// logs, run, tunnels, join tokens, the coordination views).
+// logs, run and runs, tunnels, join tokens, the coordination views).
 package cli
 
 import (
@@ -98,7 +98,7 @@ Exit status: 0 success, 1 a failed operation, 2 bad usage, 130 interrupted.`,
 		a.cordonCommand(), a.uncordonCommand(), a.drainCommand(), a.decommissionCommand(),
 		a.leasesCommand(), a.workersCommand(), a.gatewaysCommand(), a.auditCommand(),
 		a.joinTokensCommand(), a.commandsCommand(), a.logsCommand(), a.cancelCommand(),
-		a.runCommand(), a.portForwardCommand(), a.shellCommand())
+		a.runCommand(), a.runsCommand(), a.portForwardCommand(), a.shellCommand())
 	return root
 }
 
