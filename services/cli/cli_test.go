@@ -458,6 +458,25 @@ func TestCLI(t *testing.T) {
 				t.Fatalf("node %s is %v, want cancelled", n.GetNodeId(), n.GetState())
 			}
 		}
+
+		// A second Ctrl-C exits at once, while the cancelled command (which
+		// ignores SIGTERM) is still being stopped on its node.
+		b = e.start(t, "run", "node-0", "node-1", "--", "sh", "-c", "trap '' TERM; echo started; sleep 60")
+		eventually(t, 30*time.Second, "both commands started", func() bool { return strings.Count(b.stdout.String(), ": started\n") == 2 })
+		signal(t, b, syscall.SIGINT)
+		eventually(t, 30*time.Second, "the run cancelled", func() bool { return strings.Contains(b.stderr.String(), "cancelling run") })
+		signal(t, b, syscall.SIGINT)
+		if code := b.wait(t, 30*time.Second); code != 130 {
+			t.Fatalf("exit %d, want 130: %s", code, b.stderr)
+		}
+		id := listRuns(t, ctx, s)[0].GetId()
+		requireContains(t, b.stderr.String(), "leasehold: interrupted: run "+id+" cancelled; leasehold runs get "+id+" shows it\n")
+		if st := getRun(t, ctx, s, id).GetRun().GetState(); st != controlv1.RunState_RUN_STATE_CANCELLED {
+			t.Fatalf("the run is %v, want cancelled", st)
+		}
+		r := e.run(t, "runs", "cancel", id)
+		requireCode(t, r, 0)
+		requireContains(t, r.stdout, "run "+id+": cancelled\n")
 	})
 
 	t.Run("drain, cordon, cancel", func(t *testing.T) {

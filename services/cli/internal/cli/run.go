@@ -382,20 +382,25 @@ func describeRunNode(n *controlv1.RunNode) string {
 	return st
 }
 
-// countsLine is a run's node counts: "3 node(s): 1 succeeded, 1 failed,
-// 1 not_started", in the order of the node states.
-func countsLine(r *controlv1.Run) string {
-	parts := []string{}
+// nodeCounts is a run's non-zero node counts, in the order of the node
+// states, each as format applied to the state's name and the count.
+func nodeCounts(r *controlv1.Run, format func(state string, n int32) string) []string {
+	var parts []string
 	for v := int32(1); ; v++ {
 		name, ok := controlv1.RunNodeState_name[v]
 		if !ok {
-			break
+			return parts
 		}
 		key := enumName(name, "RUN_NODE_STATE_")
 		if n := r.GetCounts()[key]; n > 0 {
-			parts = append(parts, fmt.Sprintf("%d %s", n, key))
+			parts = append(parts, format(key, n))
 		}
 	}
+}
+
+// countsLine is a run's node counts: "3 node(s): 1 failed, 2 not_started".
+func countsLine(r *controlv1.Run) string {
+	parts := nodeCounts(r, func(state string, n int32) string { return fmt.Sprintf("%d %s", n, state) })
 	if len(parts) == 0 {
 		return fmt.Sprintf("%d node(s)", r.GetTotal())
 	}

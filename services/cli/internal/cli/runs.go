@@ -48,20 +48,9 @@ func runTarget(t *controlv1.RunTarget) string {
 	return strings.Join(parts, " ")
 }
 
-// runCounts is a run's node counts as k=v in the order of the node states.
+// runCounts is a run's node counts as state=n.
 func runCounts(r *controlv1.Run) string {
-	var parts []string
-	for v := int32(1); ; v++ {
-		name, ok := controlv1.RunNodeState_name[v]
-		if !ok {
-			break
-		}
-		key := enumName(name, "RUN_NODE_STATE_")
-		if n := r.GetCounts()[key]; n > 0 {
-			parts = append(parts, fmt.Sprintf("%s=%d", key, n))
-		}
-	}
-	return strings.Join(parts, ",")
+	return strings.Join(nodeCounts(r, func(state string, n int32) string { return fmt.Sprintf("%s=%d", state, n) }), ",")
 }
 
 func (a *app) runsLsCommand() *cobra.Command {
