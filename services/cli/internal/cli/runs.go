@@ -162,7 +162,7 @@ func (a *app) runsGetCommand() *cobra.Command {
 			nt := newTable(a.stdout, h...)
 			for _, n := range res.Msg.GetNodes() {
 				exit := ""
-				if n.GetFinishedAt() != nil && n.GetCommandId() != "" {
+				if n.GetState() == controlv1.RunNodeState_RUN_NODE_STATE_SUCCEEDED || n.GetState() == controlv1.RunNodeState_RUN_NODE_STATE_FAILED {
 					exit = fmt.Sprint(n.GetExitCode())
 				}
 				row := []string{n.GetNodeId(), runNodeState(n.GetState()), exit, oneLine(n.GetError()), n.GetCommandId()}
