@@ -158,3 +158,15 @@ func linesOf(out, node string) string {
 	}
 	return b.String()
 }
+
+// TestExecPayloadIsStable: the same argv always encodes to the same bytes
+// (protojson's spacing varies from build to build on purpose).
+func TestExecPayloadIsStable(t *testing.T) {
+	b, err := execPayload([]string{"sh", "-c", "echo up"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(b) != `{"argv":["sh","-c","echo up"]}` {
+		t.Fatalf("payload %s", b)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -90,9 +91,9 @@ leasehold runs get RUN shows it, leasehold runs cancel RUN stops it.`,
 					return usagef("the program's arguments must not contain NUL")
 				}
 			}
-			payload, err := protojson.Marshal(&nodev1.ExecPayload{Argv: argv})
+			payload, err := execPayload(argv)
 			if err != nil {
-				return fmt.Errorf("encode the exec payload: %w", err)
+				return err
 			}
 			s, err := a.dial()
 			if err != nil {
@@ -500,4 +501,20 @@ func (p *prefixSink) done(node string) {
 			buf.Reset()
 		}
 	}
+}
+
+// execPayload is the protobuf JSON of an exec of argv, compacted:
+// protojson's spacing is deliberately unstable, and a payload should be
+// the same bytes for the same command (what a run shows, what an
+// idempotency key compares).
+func execPayload(argv []string) ([]byte, error) {
+	raw, err := protojson.Marshal(&nodev1.ExecPayload{Argv: argv})
+	if err != nil {
+		return nil, fmt.Errorf("encode the exec payload: %w", err)
+	}
+	var out bytes.Buffer
+	if err := json.Compact(&out, raw); err != nil {
+		return nil, fmt.Errorf("encode the exec payload: %w", err)
+	}
+	return out.Bytes(), nil
 }
