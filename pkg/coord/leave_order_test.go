@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/grafana/dskit/services"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -30,6 +31,9 @@ import (
 func TestStopWaitsForTheHeartbeatInFlight(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDB(t)
+	if db.DirectURL == "" {
+		t.Skip("needs a direct connection: a session's advisory lock does not survive a transaction pooler")
+	}
 	ctx := context.Background()
 	_, err := db.Pool.Exec(ctx, `
 CREATE FUNCTION test_hold_heartbeat() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -44,7 +48,7 @@ CREATE TRIGGER test_hold_heartbeat BEFORE INSERT OR UPDATE ON workers
   FOR EACH ROW EXECUTE FUNCTION test_hold_heartbeat();`)
 	require.NoError(t, err)
 
-	cfg, err := pgxpool.ParseConfig(db.URL)
+	cfg, err := pgxpool.ParseConfig(db.DirectURL)
 	require.NoError(t, err)
 	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
@@ -54,15 +58,18 @@ CREATE TRIGGER test_hold_heartbeat BEFORE INSERT OR UPDATE ON workers
 	t.Cleanup(pool.Close)
 	c, err := coord.NewClient(pool, "wpaused")
 	require.NoError(t, err)
-	r, err := coord.NewRenewer(coord.RenewerConfig{Groups: []coord.Group{coord.Controllers}, Timings: fastTimings}, c, nil, prometheus.NewRegistry(), nil)
+	// A TTL long enough that the held heartbeat is not given up by its
+	// pass's own bound (a third of the TTL) while the test watches the stop.
+	slow := coord.Timings{LeaseTTL: 30 * time.Second, Renew: 10 * time.Second, LiveWindow: time.Minute, ForgetAfter: 2 * time.Minute}
+	r, err := coord.NewRenewer(coord.RenewerConfig{Groups: []coord.Group{coord.Controllers}, Timings: slow}, c, nil, prometheus.NewRegistry(), nil)
 	require.NoError(t, err)
 	require.NoError(t, services.StartAndAwaitRunning(ctx, r))
 	require.Eventually(t, func() bool { return len(r.Shards(coord.Controllers)) == coord.NumShards }, 15*time.Second, 20*time.Millisecond)
 
 	// Hold the next heartbeat on the server.
-	lock, err := db.Pool.Acquire(ctx)
+	lock, err := pgx.Connect(ctx, db.DirectURL)
 	require.NoError(t, err)
-	defer lock.Release()
+	defer func() { _ = lock.Close(ctx) }()
 	_, err = lock.Exec(ctx, `SELECT pg_advisory_lock(4242)`)
 	require.NoError(t, err)
 	r.Trigger("test")
@@ -75,9 +82,10 @@ CREATE TRIGGER test_hold_heartbeat BEFORE INSERT OR UPDATE ON workers
 	r.StopAsync()
 	// Give a stop that does not wait for the pass every chance to leave
 	// before the heartbeat runs: until the member has terminated (it left
-	// without waiting), or for one renewal period (it waits for the pass).
+	// without waiting), or for a second (it waits for the pass, whose own
+	// bound is ten seconds here).
 	stopping := time.Now()
-	for r.State() != services.Terminated && time.Since(stopping) < fastTimings.Renew {
+	for r.State() != services.Terminated && time.Since(stopping) < time.Second {
 		time.Sleep(10 * time.Millisecond) // sampling the service's state
 	}
 	require.NotEqual(t, services.Terminated, r.State(), "the stop waits for the pass in flight, so its Leave comes after the heartbeat")
