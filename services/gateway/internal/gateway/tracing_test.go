@@ -59,10 +59,16 @@ func TestDispatchAndResultJoinTheCommandsTrace(t *testing.T) {
 		return n == 2
 	}, 30*time.Second, 20*time.Millisecond, "both commands run to a result")
 
+	// The result's span ends once its write returned, which can be a
+	// moment after the row is visible: wait for both spans.
 	byName := map[string][]sdktrace.ReadOnlySpan{}
-	for _, s := range rec.Ended() {
-		byName[s.Name()] = append(byName[s.Name()], s)
-	}
+	require.Eventually(t, func() bool {
+		byName = map[string][]sdktrace.ReadOnlySpan{}
+		for _, s := range rec.Ended() {
+			byName[s.Name()] = append(byName[s.Name()], s)
+		}
+		return len(byName[spanDispatch]) >= 1 && len(byName[spanResult]) >= 1
+	}, 10*time.Second, 10*time.Millisecond, "the dispatch and result spans end")
 	for _, name := range []string{spanDispatch, spanResult} {
 		require.Len(t, byName[name], 1, "%s: one span, for the traced command only", name)
 		s := byName[name][0]
