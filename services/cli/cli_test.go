@@ -595,7 +595,7 @@ func TestCLI(t *testing.T) {
 		}
 		eventually(t, 30*time.Second, "the resize reaches the remote pty", func() bool {
 			_, _ = ptmx.WriteString("stty size\n")
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // gives the shell time to answer before the next ask
 			return strings.Contains(out.String(), "40 120\r\n")
 		})
 		_, _ = ptmx.WriteString("exit 7\n")
