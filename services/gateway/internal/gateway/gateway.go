@@ -109,6 +109,10 @@ type Gateway struct {
 	fenceMu     sync.Mutex
 	fencedCh    chan struct{}
 	fenceReason string
+	// servedEpoch is the lease epoch the gateway last served at (under
+	// fenceMu): a take at that epoch or older, such as the first take's
+	// OnAcquired arriving late, never undoes a fence.
+	servedEpoch int64
 	generation  atomic.Uint64
 	stopping    atomic.Bool // SIGTERM: a lease taken again no longer resumes serving
 	keeperStop  context.CancelFunc
@@ -274,6 +278,10 @@ func (g *Gateway) starting(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	taken, _ := g.keeper.Current()
+	g.fenceMu.Lock()
+	g.servedEpoch = max(g.servedEpoch, taken.Epoch)
+	g.fenceMu.Unlock()
 	srv, err := g.newServer()
 	if err != nil {
 		return err

@@ -71,13 +71,17 @@ func (g *Gateway) fence(reason string) {
 }
 
 // leaseTaken is the keeper's OnAcquired: at start nothing happens (starting
-// goes on); after a fence the gateway serves again at the new epoch.
+// goes on); after a fence the gateway serves again, but only at an epoch
+// newer than the one it last served at. The keeper signals Acquired before
+// it calls OnAcquired, so the first take's call can arrive after starting
+// and even after a fence; at the old epoch it must not resume serving.
 func (g *Gateway) leaseTaken(l coord.Lease) {
 	g.fenceMu.Lock()
 	defer g.fenceMu.Unlock()
-	if !g.Fenced() || g.stopping.Load() {
+	if !g.Fenced() || g.stopping.Load() || l.Epoch <= g.servedEpoch {
 		return
 	}
+	g.servedEpoch = l.Epoch
 	g.fencedCh = make(chan struct{})
 	g.state.Store(stateServing)
 	g.m.role.Set(health.RoleActive)
