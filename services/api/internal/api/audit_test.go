@@ -267,3 +267,19 @@ func TestListAuditEvents(t *testing.T) {
 	_, err = b.operator.ListAuditEvents(ctx, connect.NewRequest(&controlv1.ListAuditEventsRequest{}))
 	requireCode(t, err, connect.CodePermissionDenied)
 }
+
+// TestAuditedSinkURLKeepsNoCredentials: the audit row of a created sink
+// names the receiver's scheme and host, never the userinfo, path or query
+// that may carry its credentials (every viewer reads the audit trail).
+func TestAuditedSinkURLKeepsNoCredentials(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const token = "tok-0123456789"
+	_, err := b.admin.CreateSink(ctxT(t), connect.NewRequest(&controlv1.CreateSinkRequest{SinkId: "chat", Kind: controlv1.SinkKind_SINK_KIND_WEBHOOK,
+		Url: "https://hooks.example.com/services/" + token + "?sig=" + token, Secret: "a-secret-long-enough-0123"}))
+	require.NoError(t, err)
+	var detail string
+	require.NoError(t, b.db.Pool.QueryRow(ctxT(t), `SELECT detail::text FROM audit_events WHERE method = 'CreateSink'`).Scan(&detail))
+	require.Contains(t, detail, "https://hooks.example.com/…")
+	require.NotContains(t, detail, token)
+}

@@ -8,6 +8,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/leasehold/leasehold/pkg/egress"
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
 	"github.com/leasehold/leasehold/pkg/pgdb"
 )
@@ -40,9 +41,10 @@ func (h *Handler) CreateSink(ctx context.Context, req *connect.Request[controlv1
 		if err != nil {
 			return err
 		}
-		// The URL is shown to every viewer already; the secret never.
+		// The audit trail keeps the URL's scheme and host only: its
+		// userinfo, path and query may carry the receiver's credentials.
 		return h.recordAudit(ctx, tx, auditEvent{Method: "CreateSink", TargetKind: "sink", TargetID: sink.GetId(),
-			Detail: map[string]any{"url": m.GetUrl()}})
+			Detail: map[string]any{"url": egress.RedactURL(m.GetUrl())}})
 	})
 	if err != nil {
 		return nil, h.fail(ctx, "create sink", err)

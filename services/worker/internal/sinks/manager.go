@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/grafana/dskit/services"
@@ -72,7 +71,7 @@ func (m *Manager) iterate(ctx context.Context) error {
 			continue
 		}
 		m.running[id] = h
-		m.logger.Info("sink configured", "sink", id, "url", redactURL(h.URL))
+		m.logger.Info("sink configured", "sink", id, "url", egress.RedactURL(h.URL))
 	}
 	for id := range m.running {
 		if _, ok := want[id]; !ok {
@@ -84,17 +83,4 @@ func (m *Manager) iterate(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// redactURL drops userinfo and query (they may carry credentials).
-func redactURL(u string) string {
-	if i := strings.Index(u, "?"); i >= 0 {
-		u = u[:i] + "?…"
-	}
-	if i := strings.Index(u, "://"); i >= 0 {
-		if at := strings.Index(u[i+3:], "@"); at >= 0 {
-			u = u[:i+3] + "…@" + u[i+3+at+1:]
-		}
-	}
-	return u
 }

@@ -179,7 +179,8 @@ func (w Webhook) deliver(ctx context.Context, b Batch) error {
 	ts := strconv.FormatInt(time.Now().Unix(), 10)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL, bytes.NewReader(body))
 	if err != nil {
-		return fmt.Errorf("sink %s: %w", w.ID, err)
+		// The parse error quotes the URL whole; say only that it is bad.
+		return fmt.Errorf("sink %s: url %s does not parse", w.ID, egress.RedactURL(w.URL))
 	}
 	req.Header.Set("Content-Type", "application/json")
 	// Set directly: the spec spells the names in lower case.
@@ -194,8 +195,9 @@ func (w Webhook) deliver(ctx context.Context, b Batch) error {
 	}
 	resp, err := w.Client.Do(req)
 	if err != nil {
+		err = egress.RedactError(err)
 		if errors.Is(err, egress.ErrRefused) {
-			return fmt.Errorf("sink %s: %s refused: %w", w.ID, redactURL(w.URL), err)
+			return fmt.Errorf("sink %s: %s refused: %w", w.ID, egress.RedactURL(w.URL), err)
 		}
 		return fmt.Errorf("sink %s: post: %w", w.ID, err)
 	}
