@@ -67,6 +67,23 @@ h2spec:
 	GOWORK=off go -C tools/h2spec build -o "$$out/h2spec" github.com/summerwind/h2spec/cmd/h2spec; \
 	cd services/gateway && LEASEHOLD_H2SPEC="$$out/h2spec" go test -count=1 -run '^TestH2spec$$' ./internal/h2serve/
 
+## test-stress: the packages with real-time tests, STRESS_COUNT runs in a row
+## (20 by default), with STRESS_HOGS busy loops (3) beside them taking the CPU
+## a loaded CI machine would; the first failure stops it. STRESS_PKGS narrows
+## the set (module-relative paths, e.g. STRESS_PKGS="pkg:./coord/").
+STRESS_COUNT ?= 20
+STRESS_HOGS ?= 3
+STRESS_PKGS ?= pkg:./coord/ pkg:./reconcile/ pkg:./queue/ services/gateway:./... e2e:./...
+.PHONY: test-stress
+test-stress: build
+	@set -e; hogs=(); trap 'kill $${hogs[*]} 2>/dev/null || true' EXIT; \
+	for i in $$(seq $(STRESS_HOGS)); do sh -c 'while :; do :; done' & hogs+=($$!); done; \
+	echo "== $(STRESS_HOGS) CPU hogs: $${hogs[*]}"; \
+	for p in $(STRESS_PKGS); do \
+		echo "== -short -count=$(STRESS_COUNT) $${p%%:*} $${p#*:}"; \
+		(cd $${p%%:*} && go test -short -failfast -count=$(STRESS_COUNT) -timeout 60m $${p#*:}); \
+	done
+
 ## test-short: the same without the slow real-time failover tests
 test-short:
 	@set -e; for m in $(MODULES); do (cd $$m && go test -short -count=1 ./...); done
