@@ -1,18 +1,14 @@
 package api
 
 import (
-	"github.com/leasehold/leasehold/pkg/pgnotify"
-
 	"context"
-	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/leasehold/leasehold/pkg/pgdb"
+	"github.com/leasehold/leasehold/pkg/pgnotify"
 )
 
 // waiter serves every WaitCommand of the process with one query per
@@ -40,10 +36,6 @@ type waiter struct {
 	stop    chan struct{}
 	once    sync.Once
 }
-
-// commandDoneChannel is pgnotify.CommandDone: NOTIFYed by the gateways' group
-// commit when it finishes commands.
-const commandDoneChannel = pgnotify.CommandDone
 
 func newWaiter(db pgdb.Querier, notifyURL string, interval time.Duration, log *slog.Logger) *waiter {
 	return &waiter{db: db, notifyURL: notifyURL, interval: interval, log: log, kick: make(chan struct{}, 1), output: newOutputHub(),
@@ -98,55 +90,34 @@ func (w *waiter) run(ctx context.Context) {
 	}
 }
 
-// listenLoop LISTENs for finished commands and kicks a check for each
-// notification (coalesced: one pending kick at most); it reconnects after
-// a lost connection, the poll covering the gap.
+// listenLoop LISTENs (pkg/pgnotify) for finished commands and live output
+// until ctx ends: a finished command kicks a check (coalesced: one pending
+// kick at most) and wakes every output reader, since it ends their
+// streams; output wakes the readers of the commands it names. pgnotify
+// reconnects after a lost session, the poll covering the gap, and every
+// (re)connect catches up on what finished while not listening.
 func (w *waiter) listenLoop(ctx context.Context) {
-	for ctx.Err() == nil {
-		err := w.listen(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		w.log.WarnContext(ctx, "finished-command notifications lost; WaitCommand polls until reconnected", "err", err)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(time.Second):
-		}
-	}
-}
-
-func (w *waiter) listen(ctx context.Context) error {
-	conn, err := pgx.Connect(ctx, w.notifyURL)
-	if err != nil {
-		return fmt.Errorf("connect for LISTEN: %w", err)
-	}
-	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = conn.Close(closeCtx)
-	}()
-	for _, ch := range []string{commandDoneChannel, pgnotify.CommandOutput} {
-		if _, err := conn.Exec(ctx, "LISTEN "+ch); err != nil {
-			return fmt.Errorf("LISTEN %s: %w", ch, err)
-		}
-	}
-	w.listening.Store(true)
 	defer w.listening.Store(false)
-	w.signal() // catch up on what finished while not listening
-	w.output.wake("")
-	for {
-		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
-			return err
-		}
-		if n.Channel == pgnotify.CommandOutput {
-			w.output.wake(n.Payload)
-			continue
-		}
-		w.signal()
-		w.output.wake("") // a finished command ends its readers' streams
-	}
+	_ = pgnotify.Listen(ctx, pgnotify.Config{
+		URL: w.notifyURL,
+		Handlers: map[string]func(string){
+			// NOTIFYed by a gateway's group commit that finished commands.
+			pgnotify.CommandDone: func(string) {
+				w.signal()
+				w.output.wake("") // a finished command ends its readers' streams
+			},
+			pgnotify.CommandOutput: w.output.wake,
+		},
+		OnConnect: func() {
+			w.listening.Store(true)
+			w.signal() // catch up on what finished while not listening
+			w.output.wake("")
+		},
+		OnLost: func(err error) {
+			w.listening.Store(false)
+			w.log.WarnContext(ctx, "finished-command notifications lost; WaitCommand polls until reconnected", "err", err)
+		},
+	})
 }
 
 func (w *waiter) signal() {
