@@ -3,7 +3,8 @@
 // the proxy DHCP responder, TFTP, boot files over HTTP and iPXE scripts
 // (only while the grant is live),
 // discovery reports vouched for by the boot epoch, and, on both agents at
-// all times, the image cache and Redfish BMC commands.
+// all times, the image cache and Redfish BMC commands, journalled on disk
+// (--journal) so none runs twice across the agent's own restart.
 //
 // Roles, exported as leasehold_role{component="site-boot"}:
 //
@@ -60,19 +61,20 @@ type Deps struct {
 type Agent struct {
 	services.Service
 
-	cfg    Config
-	log    *slog.Logger
-	clock  clockwork.Clock
-	d      *daemon.Daemon
-	fence  *Fence
-	dhcp   *pxe.Responder
-	tftp   *tftp.Server
-	files  *os.Root
-	hosts  *pxe.Hosts
-	cache  *imagecache.Cache
-	bmc    *redfish.Client
-	role   *health.RoleGauge
-	events *prometheus.CounterVec
+	cfg     Config
+	log     *slog.Logger
+	clock   clockwork.Clock
+	d       *daemon.Daemon
+	journal *journal
+	fence   *Fence
+	dhcp    *pxe.Responder
+	tftp    *tftp.Server
+	files   *os.Root
+	hosts   *pxe.Hosts
+	cache   *imagecache.Cache
+	bmc     *redfish.Client
+	role    *health.RoleGauge
+	events  *prometheus.CounterVec
 
 	bootLn  net.Listener
 	bootSrv *http.Server
@@ -108,14 +110,22 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	if a.bmc, err = redfish.New(cfg.BMC, deps.Logger.With("component", "bmc")); err != nil {
 		return nil, err
 	}
+	// The journal is opened last, so nothing after it but the daemon's
+	// construction can fail; it is closed when the service stops (or fails
+	// to start).
+	if a.journal, err = openJournal(cfg.Journal); err != nil {
+		return nil, err
+	}
 	a.d, err = daemon.New(daemon.Config{
 		Address: cfg.GatewayURL, NodeID: cfg.NodeID, Credential: cfg.Credential,
 		Kind: nodev1.NodeKind_NODE_KIND_SITE_AGENT, SiteID: cfg.SiteID, Version: deps.Version,
+		Journal: a.journal,
 		Handler: a.handleCommand, OnSpec: func(s *nodev1.NodeSpec) { a.fence.Apply(s) },
 		BackoffBase: min(time.Second, cfg.BackoffMax), BackoffMax: cfg.BackoffMax,
 		Clock: deps.Clock, Logger: deps.Logger.With("component", "daemon"),
 	})
 	if err != nil {
+		_ = a.journal.Close()
 		return nil, err
 	}
 	a.fence = NewFence(cfg.SelfFence, cfg.SiteID, deps.Clock, deps.Logger.With("component", "boot-fence"),
@@ -164,7 +174,14 @@ func (a *Agent) detail() any {
 	return d
 }
 
-func (a *Agent) starting(context.Context) error {
+func (a *Agent) starting(context.Context) (err error) {
+	defer func() {
+		if err != nil { // running, which closes the journal, never runs
+			if cerr := a.journal.Close(); cerr != nil {
+				a.log.Warn("close the journal", "journal", a.cfg.Journal, "err", cerr)
+			}
+		}
+	}()
 	files, err := os.OpenRoot(a.cfg.TFTP.Root)
 	if err != nil {
 		return fmt.Errorf("open --tftp.root: %w", err)
@@ -198,7 +215,8 @@ func (a *Agent) starting(context.Context) error {
 	mux.Handle("HEAD /images/sha256/{digest}", a.cache)
 	a.bootSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		MaxHeaderBytes: 16 << 10, ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelDebug)}
-	a.log.Info("site agent listening", "dhcp", a.dhcp.Addr().String(), "pxe", fmt.Sprint(a.dhcp.PXEAddr()), "tftp", a.tftp.Addr().String(), "boot", ln.Addr().String(), "site", a.cfg.SiteID)
+	a.log.Info("site agent listening", "dhcp", a.dhcp.Addr().String(), "pxe", fmt.Sprint(a.dhcp.PXEAddr()), "tftp", a.tftp.Addr().String(), "boot", ln.Addr().String(), "site", a.cfg.SiteID,
+		"journal", a.cfg.Journal, "journal_in_flight", len(a.journal.InFlight()))
 	return nil
 }
 
@@ -225,8 +243,11 @@ func (a *Agent) running(ctx context.Context) error {
 	a.bmc.Close(sctx)
 	scancel()
 	cancel()
-	wg.Wait()
+	wg.Wait() // the daemon has returned, and with it every command
 	_ = a.files.Close()
+	if err := a.journal.Close(); err != nil {
+		failure = errors.Join(failure, err)
+	}
 	return failure
 }
 

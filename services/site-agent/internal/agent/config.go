@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -16,6 +17,11 @@ import (
 	"github.com/leasehold/leasehold/services/site-agent/internal/tftp"
 )
 
+// DefaultJournal is the command journal's file unless --journal says
+// otherwise: under the unit's StateDirectory (/var/lib/leasehold), in a
+// directory of its own that the agent creates 0700.
+const DefaultJournal = "/var/lib/leasehold/site-agent/journal"
+
 // Config is the site agent's configuration (docs/design.md#site-agents and #timings).
 type Config struct {
 	// GatewayURL is the gateway balancer's base URL (http:// for h2c).
@@ -24,6 +30,11 @@ type Config struct {
 	NodeID, Credential, CredentialFile, SiteID string
 	// BackoffMax bounds redial back-off (60 s).
 	BackoffMax time.Duration
+	// Journal is the file of the durable command journal: every BMC
+	// command is recorded there as started before it runs and with its
+	// result after, so none runs twice across a restart
+	// (docs/site-agent.md, "The command journal").
+	Journal string
 
 	// SelfFence is how long a boot grant is trusted (10 s); LeaseTTL and
 	// PromoteAfter are the control plane's boot lease TTL and promotion
@@ -57,6 +68,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.StringVar(&c.CredentialFile, prefix+"node-credential-file", "", "file holding the node credential")
 	f.StringVar(&c.SiteID, prefix+"site-id", "", "the bare-metal site this agent serves")
 	f.DurationVar(&c.BackoffMax, prefix+"redial-backoff-max", 60*time.Second, "upper bound of the redial back-off")
+	f.StringVar(&c.Journal, prefix+"journal", DefaultJournal, "file of the command journal, so no BMC command runs twice across a restart (its directory is created 0700; one agent per file)")
 	f.DurationVar(&c.SelfFence, prefix+"boot.self-fence", 10*time.Second, "stop answering DHCP/iPXE this long after the last boot grant; must be < --boot.lease-ttl")
 	f.DurationVar(&c.LeaseTTL, prefix+"boot.lease-ttl", 15*time.Second, "the site:<id>:boot lease TTL the control plane uses (worker --sites.boot-lease-ttl)")
 	f.DurationVar(&c.PromoteAfter, prefix+"boot.promote-after", 15*time.Second, "the promotion delay the control plane uses (worker --sites.promote-after); must be >= --boot.lease-ttl")
@@ -128,6 +140,9 @@ func (c *Config) Validate() error {
 	}
 	if c.SiteID == "" || len(c.SiteID) > 194 {
 		errs = append(errs, fmt.Errorf("--site-id %q must be 1..194 bytes", c.SiteID))
+	}
+	if c.Journal == "" || !filepath.IsAbs(c.Journal) {
+		errs = append(errs, fmt.Errorf("--journal %q must be an absolute path", c.Journal))
 	}
 	if c.BackoffMax < 100*time.Millisecond {
 		errs = append(errs, fmt.Errorf("--redial-backoff-max %s must be >= 100ms", c.BackoffMax))

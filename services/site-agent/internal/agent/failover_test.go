@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -79,6 +80,7 @@ func startAgent(t *testing.T, id, site, cred, gatewayAddr string, logs *syncBuf,
 		DHCP: pxeConfig(), BootListenAddr: "127.0.0.1:0", BootBaseURL: "http://127.0.0.1:8080",
 	}
 	cfg.Cache.Dir, cfg.Cache.MaxBytes, cfg.Cache.Budget, cfg.Cache.Attempts = t.TempDir(), 1<<20, 4<<20, 3
+	cfg.Journal = filepath.Join(t.TempDir(), "journal")
 	cfg.TFTP = tftpConfig(t)
 	for _, m := range mutate {
 		m(&cfg)

@@ -348,7 +348,7 @@ func inner(t *testing.T, ns []string) {
 			"--dhcp.server-ip", ag.ip, "--dhcp.interface", "eth0",
 			"--tftp.root", tftpRoot, "--boot.listen-addr", "0.0.0.0:8080", "--boot.hosts-file", hosts,
 			"--cache.dir", cache, "--cache.origin", "http://"+oln.Addr().String(), "--cache.max-bytes", "8388608",
-			"--cache.budget-bytes", "16777216",
+			"--cache.budget-bytes", "16777216", "--journal", filepath.Join(dir, "journal-"+ag.id),
 			"--http-addr", net.JoinHostPort(ag.ip, "9105"), "--log-format", "json", "--log-level", "debug")
 		p.WaitReady(60 * time.Second)
 		agents[ag.id] = &agentProc{Proc: p, id: ag.id, ip: ag.ip}
