@@ -20,7 +20,7 @@ import (
 	"github.com/grafana/dskit/services"
 
 	"github.com/leasehold/leasehold/pkg/buildinfo"
-	"github.com/leasehold/leasehold/pkg/process"
+	"github.com/leasehold/leasehold/pkg/lifecycle"
 	"github.com/leasehold/leasehold/services/node/internal/agent"
 )
 
@@ -36,15 +36,14 @@ func main() {
 		}
 	}
 	var cfg agent.Config
-	process.Main(process.Spec{
+	lifecycle.Main(lifecycle.Spec{
 		Name:            "node",
 		HTTPAddr:        "127.0.0.1:9106",
-		NoDatabase:      true,
 		ShutdownTimeout: 30 * time.Second,
 		Flags:           func(fs *flag.FlagSet) { cfg.RegisterFlags(fs) },
 		Validate:        cfg.Resolve,
 		Identity:        func() (string, []any) { return cfg.NodeID, nil },
-		Build: func(_ context.Context, p *process.Process) ([]services.Service, error) {
+		Build: func(_ context.Context, p *lifecycle.Process) ([]services.Service, error) {
 			a, err := agent.New(cfg, agent.Deps{Logger: p.Logger, Registry: p.Registry, Health: p.Health, Clock: p.Clock, Version: buildinfo.Version()})
 			if err != nil {
 				return nil, err

@@ -18,7 +18,7 @@ import (
 
 	enrollv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/enroll/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/enroll/v1/enrollv1connect"
-	"github.com/leasehold/leasehold/pkg/process"
+	"github.com/leasehold/leasehold/pkg/lifecycle"
 	"github.com/leasehold/leasehold/pkg/reload"
 )
 
@@ -88,7 +88,7 @@ func JoinCommand(args []string, stdout, stderr io.Writer) int {
 	if err := f.Parse(args); err != nil {
 		return 2
 	}
-	if err := process.ApplyEnv(f); err != nil {
+	if err := lifecycle.ApplyEnv(f); err != nil {
 		fmt.Fprintf(stderr, "leasehold-node join: %v\n", err)
 		return 2
 	}
@@ -177,7 +177,7 @@ func RotateCommand(args []string, stdout, stderr io.Writer) int {
 	if err := f.Parse(args); err != nil {
 		return 2
 	}
-	if err := process.ApplyEnv(f); err != nil {
+	if err := lifecycle.ApplyEnv(f); err != nil {
 		fmt.Fprintf(stderr, "leasehold-node rotate-credential: %v\n", err)
 		return 2
 	}
