@@ -344,8 +344,9 @@ func startSiteAgents(ctx context.Context, f *fleet.Fleet, n int, binDir string) 
 			logf("note: site agents skipped: register %s: %v", id, err)
 			return
 		}
-		// Its cache and TFTP root live in the run's directory, so a fresh
-		// machine without /var/lib/leasehold runs the demo too.
+		// Its cache, TFTP root and journal live in the run's directory, so a
+		// fresh machine without /var/lib/leasehold runs the demo too, and the
+		// two agents never share a journal (the second would be refused).
 		cache, tftpRoot := filepath.Join(f.Dir, id+"-cache"), filepath.Join(f.Dir, id+"-tftp")
 		_ = os.MkdirAll(cache, 0o755)
 		_ = os.MkdirAll(tftpRoot, 0o755)
@@ -353,7 +354,7 @@ func startSiteAgents(ctx context.Context, f *fleet.Fleet, n int, binDir string) 
 			"--gateway-url", f.Address(), "--node-id", id, "--site-id", "site-1", "--http-addr", harness.FreeAddr(),
 			"--dhcp.listen-addr", harness.FreeAddr(), "--dhcp.server-ip", "127.0.0.1", "--boot.listen-addr", harness.FreeAddr(),
 			"--tftp.root", tftpRoot, "--tftp.listen-addr", harness.FreeAddr(), "--dhcp.pxe-listen-addr", "",
-			"--cache.dir", cache, "--log-format", "text", "--log-level", "warn")
+			"--cache.dir", cache, "--journal", filepath.Join(f.Dir, id+"-journal"), "--log-format", "text", "--log-level", "warn")
 		if err == nil {
 			err = p.WaitReady(ctx, 30*time.Second)
 		}
