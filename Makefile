@@ -98,8 +98,9 @@ check-generated: generate
 	@git diff --exit-code --stat -- pkg/gen || (echo "pkg/gen is stale: run make generate and commit" >&2; exit 1)
 	@test -z "$$(git status --porcelain -- pkg/gen)" || (git status --porcelain -- pkg/gen; echo "pkg/gen has untracked generated files: run make generate and commit" >&2; exit 1)
 
-## lint: buf lint, gofmt, go vet and golangci-lint over every module
-lint: vet golangci
+## lint: buf lint, gofmt, go vet and golangci-lint over every module, and
+## the rule that only pkg/coord writes or locks the leases table
+lint: vet golangci check-lease-statements
 	$(BUF) lint ..
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
@@ -119,6 +120,13 @@ golangci:
 
 vet:
 	@for m in $(MODULES); do (cd $$m && go vet ./...) || exit 1; done
+
+## check-lease-statements: no Go file outside pkg/coord (tests, pkg/gen and
+## migrations aside) writes or locks the leases table; the rule and its
+## exceptions are in pkg/coord/leasestatements_test.go
+.PHONY: check-lease-statements
+check-lease-statements:
+	cd pkg && go test -count=1 -run '^TestLeaseStatement' ./coord/
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

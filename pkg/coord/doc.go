@@ -32,4 +32,18 @@
 // A process trusts a lease only until ValidUntil: the time the acquiring
 // statement was sent plus the TTL, on the process's own clock. RunFenced
 // bounds the transaction by that instant as well as by a statement timeout.
+//
+// # One owner of the leases table
+//
+// Every statement that writes or locks the leases table is in this package,
+// and there is one fence strength, FOR KEY SHARE: Fence and RunFenced, and
+// FenceSiteBootSQL, with which the gateway vouches for a site agent's
+// discovery report by the agent's boot lease. The other row lock is
+// LockForHandover's FOR UPDATE, taken by a caller that moves a lease on an
+// owner's behalf (the site boot reconciler) before it calls Renew or Take:
+// it waits for every open fence on the row. Ensure, Take, TakeFresh, Renew,
+// AcquireMany and the release statements are the writes. Other packages
+// read leases (doctor, the api's and the cli's listings, liveness joins on
+// gateway:<id>) but neither write nor lock them: TestLeaseStatementsStayInCoord,
+// run by make lint, fails on a statement outside this package that does.
 package coord

@@ -1,6 +1,9 @@
 package gateway
 
-import "github.com/leasehold/leasehold/pkg/pgnotify"
+import (
+	"github.com/leasehold/leasehold/pkg/coord"
+	"github.com/leasehold/leasehold/pkg/pgnotify"
+)
 
 // The gateway's statements, one per purpose, always parameterised. Every
 // time comes from compute_now().
@@ -35,16 +38,11 @@ SELECT n.id, n.spec_version, n.spec
  WHERE n.spec_version > m.version`
 
 // discoveryVouchSQL checks, for a site agent's discovery report, that the
-// agent holds its site's boot lease at the report's epoch. FOR SHARE makes a
-// takeover of the lease wait until the report is stored, so a report is
-// stored only while its epoch is current.
-const discoveryVouchSQL = `
-SELECT l.epoch
-  FROM nodes n
-  JOIN leases l ON l.name = 'site:' || n.site_id || ':boot'
- WHERE n.id = $1 AND n.kind = 'site_agent'
-   AND l.owner = $1 AND l.epoch = $2 AND l.expires_at > compute_now()
-   FOR SHARE OF l`
+// agent holds its site's boot lease at the report's epoch: pkg/coord's fence
+// of the boot lease (FOR KEY SHARE, as every fence), which makes a takeover
+// of the lease wait until the report is stored, so a report is stored only
+// while its epoch is current. $1 is the agent's node id, $2 the epoch.
+const discoveryVouchSQL = coord.FenceSiteBootSQL
 
 // helloReplaySQL takes the node's in-flight commands for replay: dispatched
 // or acknowledged without a result, plus pending ones the daemon names as

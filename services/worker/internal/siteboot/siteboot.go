@@ -62,8 +62,8 @@ const (
 	defaultScanLimit = 10000
 )
 
-// LeaseName is the boot lease of site id.
-func LeaseName(siteID string) string { return "site:" + siteID + ":boot" }
+// LeaseName is the boot lease of site id (coord.SiteBootLease).
+func LeaseName(siteID string) string { return coord.SiteBootLease(siteID) }
 
 // Config holds the boot lease timings.
 type Config struct {
@@ -189,9 +189,6 @@ type Outcome struct {
 	Epoch  int64
 }
 
-const lockLeaseSQL = `
-SELECT owner, epoch, GREATEST(expires_at, 'epoch'::timestamptz), compute_now() FROM leases WHERE name = $1 FOR UPDATE`
-
 // agentsSQL lists the site's agents and whether each has a live session:
 // node and session connected, session lease unexpired, and its gateway's
 // lease live (a dead gateway's sessions count as gone at once).
@@ -252,28 +249,21 @@ func reconcileSite(ctx context.Context, tx pgx.Tx, siteID string, cfg Config, m 
 	if len(agents) == 0 {
 		return Outcome{Action: "idle"}, nil
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO leases (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`, name); err != nil {
-		return Outcome{}, fmt.Errorf("create lease %s: %w", name, err)
+	// The lease is read under its row lock: the renewal or take below acts
+	// on what was read, and waits for every open fence on the lease first.
+	if err := coord.Ensure(ctx, tx, name); err != nil {
+		return Outcome{}, err
 	}
-	var (
-		owner     *string
-		epoch     int64
-		expiresAt time.Time
-		now       time.Time
-	)
-	// -infinity (released, or never held) reads as 1970: long expired.
-	if err := tx.QueryRow(ctx, lockLeaseSQL, name).Scan(&owner, &epoch, &expiresAt, &now); err != nil {
-		return Outcome{}, fmt.Errorf("lock lease %s: %w", name, err)
+	h, err := coord.LockForHandover(ctx, tx, name)
+	if err != nil {
+		return Outcome{}, err
 	}
 	connected := map[string]bool{}
 	for _, a := range agents {
 		connected[a.id] = a.connected
 	}
-	holder := ""
-	if owner != nil {
-		holder = *owner
-	}
-	live := holder != "" && expiresAt.After(now)
+	holder, epoch, expiresAt, now := h.Owner, h.Epoch, h.ExpiresAt, h.Now
+	live := h.Live()
 
 	var (
 		out     Outcome
