@@ -67,7 +67,8 @@ func (c KeeperConfig) trust() time.Duration {
 }
 
 // Keeper keeps one lease for one owner for the life of a process: it takes
-// the lease (each holding at a new epoch, TakeFresh), renews it every Renew,
+// the lease (each holding at a new epoch, TakeFresh's rule, through the
+// client's guarded grant of restore.go), renews it every Renew,
 // trusts it until the last renewal's send time plus Trust on the process's
 // clock, and when trust ends calls OnLost and goes back to taking it. It
 // never gives up because the database is away: it retries until it holds
@@ -178,12 +179,11 @@ func (k *Keeper) renew(ctx context.Context, l Lease) {
 	case !ok:
 		k.lose(l, fmt.Sprintf("%s is held by another owner or at another epoch", k.cfg.Name))
 	case renewed.Floor != l.Floor:
-		// A promoted standby: what this holding wrote after the standby's
-		// last replayed commit may be gone, and what the holder remembers
-		// outside the database (a gateway's sessions) may no longer match.
-		// End the holding; the next one starts at an epoch of the new
-		// timeline.
-		k.lose(l, fmt.Sprintf("the database failed over to a new timeline (epoch floor %d, was %d)", renewed.Floor, l.Floor))
+		// A promoted standby, or a restore detected (restore.go): what this
+		// holding wrote may be gone, and what the holder remembers outside
+		// the database (a gateway's sessions) may no longer match. End the
+		// holding; the next one starts at an epoch above the new floor.
+		k.lose(l, fmt.Sprintf("the epoch floor changed: the database failed over to a new timeline or went back in time (epoch floor %d, was %d)", renewed.Floor, l.Floor))
 	default:
 		k.grant(renewed, sent, false)
 	}
@@ -193,7 +193,7 @@ func (k *Keeper) take(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(ctx, k.cfg.trust())
 	defer cancel()
 	sent := k.clock.Now()
-	l, ok, err := TakeFresh(rctx, k.client.db, k.cfg.Name, k.client.owner, k.cfg.TTL)
+	l, ok, err := k.client.takeKept(rctx, k.cfg.Name, k.cfg.TTL)
 	k.observe(sent)
 	switch {
 	case err != nil:

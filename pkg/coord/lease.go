@@ -3,6 +3,7 @@ package coord
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -26,8 +27,9 @@ type Lease struct {
 	ExpiresAt time.Time
 	// GrantedAt is compute_now() when the lease was last granted or renewed.
 	GrantedAt time.Time
-	// Floor is lease_epoch_floor() at the last Take or Renew (epoch.go): it
-	// changes when the database has failed over to a new timeline, which a
+	// Floor is lease_epoch_floor() at the last grant or Renew (epoch.go): it
+	// changes when the database has failed over to a new timeline or a
+	// process detected that it went back in time (restore.go), which a
 	// Keeper treats as the end of its holding.
 	Floor int64
 	// TTL is the duration the lease was last granted for.
@@ -68,6 +70,10 @@ type Client struct {
 	clock clockwork.Clock
 	skew  *SkewDetector
 	known sync.Map // lease names whose rows are known to exist
+	// mem is what this client saw of the database's history (restore.go).
+	mem          epochMemory
+	onRegression func(Regression)
+	log          *slog.Logger
 }
 
 // ClientOption configures a Client.
@@ -84,7 +90,7 @@ func NewClient(db *pgxpool.Pool, owner string, opts ...ClientOption) (*Client, e
 	if err := ValidateOwner(owner); err != nil {
 		return nil, err
 	}
-	c := &Client{db: db, owner: owner, clock: clockwork.NewRealClock()}
+	c := &Client{db: db, owner: owner, clock: clockwork.NewRealClock(), log: slog.Default()}
 	for _, o := range opts {
 		o(c)
 	}
@@ -102,27 +108,16 @@ INSERT INTO leases (name, owner, epoch, expires_at)
 SELECT n, NULL, 0, '-infinity' FROM unnest($1::text[]) AS n
 ON CONFLICT (name) DO NOTHING`
 
-// acquireSQL is the guarded UPDATE of docs/design.md#leases, with the epoch rule of
-// epoch.go. The outer SELECT returns one row with NULLs when nothing was
-// granted, so every call samples compute_now() for clock-skew detection
-// without a second statement.
-var acquireSQL = `
-WITH granted AS (
-  UPDATE leases SET owner = $2,
-    epoch = ` + nextEpochSQL("$2") + `,
-    acquired_at = ` + acquiredAtSQL("$2") + `,
-    expires_at = compute_now() + make_interval(secs => $3::float8)
-  WHERE name = ANY($1::text[]) AND (owner = $2 OR expires_at < compute_now())
-  RETURNING name, epoch, expires_at
-)
-SELECT g.name, g.epoch, g.expires_at, c.now
-FROM (SELECT compute_now() AS now) c LEFT JOIN granted g ON true`
-
-// AcquireMany takes or renews every name in one guarded statement: a name is
-// granted when this owner already holds it or its lease has expired. Names
-// held live by another owner are simply absent from the grant. Rows missing
-// from the table are first inserted unowned and expired, in the same
-// round trip, so the first holder gets epoch 1.
+// AcquireMany takes or renews every name in one guarded statement
+// (acquireSQL, restore.go: the guarded UPDATE of docs/design.md#leases with
+// the epoch rule of epoch.go): a name is granted when this owner already
+// holds it or its lease has expired. Names held live by another owner are
+// simply absent from the grant. Rows missing from the table are first
+// inserted unowned and expired, in the same round trip, so the first holder
+// gets epoch 1. The statement returns compute_now() even when nothing was
+// granted, so every call samples the clock for skew detection. A database
+// found behind what this client saw is recorded and the statement sent
+// again (restore.go).
 func (c *Client) AcquireMany(ctx context.Context, names []string, ttl time.Duration) (Grant, error) {
 	if err := ValidateNames(names); err != nil {
 		return Grant{}, err
@@ -136,23 +131,9 @@ func (c *Client) AcquireMany(ctx context.Context, names []string, ttl time.Durat
 			missing = append(missing, n)
 		}
 	}
-	b := &pgx.Batch{}
-	if len(missing) > 0 {
-		b.Queue(insertMissingSQL, missing)
-	}
-	b.Queue(acquireSQL, names, c.owner, ttl.Seconds())
-
-	sent := c.clock.Now()
-	br := c.db.SendBatch(ctx, b)
-	grant, err := c.readGrant(br, len(missing) > 0, ttl, sent)
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
+	grant, sent, err := c.grantGuarded(ctx, acquireSQL, names, missing, ttl)
 	if err != nil {
 		return Grant{}, fmt.Errorf("acquire %d leases as %s: %w", len(names), c.owner, err)
-	}
-	for _, n := range missing {
-		c.known.Store(n, struct{}{})
 	}
 	grant.RoundTrip = c.clock.Since(sent)
 	grant.Skew = sent.Add(grant.RoundTrip / 2).Sub(grant.Now)
@@ -160,41 +141,6 @@ func (c *Client) AcquireMany(ctx context.Context, names []string, ttl time.Durat
 		c.skew.Observe(grant.Skew)
 	}
 	return grant, nil
-}
-
-func (c *Client) readGrant(br pgx.BatchResults, inserted bool, ttl time.Duration, sent time.Time) (Grant, error) {
-	if inserted {
-		if _, err := br.Exec(); err != nil {
-			return Grant{}, fmt.Errorf("insert missing lease rows: %w", err)
-		}
-	}
-	rows, err := br.Query()
-	if err != nil {
-		return Grant{}, err
-	}
-	defer rows.Close()
-	var g Grant
-	for rows.Next() {
-		var (
-			name      *string
-			epoch     *int64
-			expiresAt *time.Time
-		)
-		if err := rows.Scan(&name, &epoch, &expiresAt, &g.Now); err != nil {
-			return Grant{}, err
-		}
-		if name == nil {
-			continue // nothing granted: the row only carries compute_now()
-		}
-		g.Leases = append(g.Leases, Lease{
-			Name: *name, Owner: c.owner, Epoch: *epoch, ExpiresAt: *expiresAt, GrantedAt: g.Now,
-			TTL: ttl, ValidUntil: sent.Add(ttl),
-		})
-	}
-	if err := rows.Err(); err != nil {
-		return Grant{}, err
-	}
-	return g, nil
 }
 
 // Acquire takes or renews one lease; ok is false when another owner holds it.

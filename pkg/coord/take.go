@@ -18,15 +18,15 @@ import (
 
 var takeSQL = `
 UPDATE leases SET owner = $2,
-  epoch = ` + nextEpochSQL("$2") + `,
-  acquired_at = ` + acquiredAtSQL("$2") + `,
+  epoch = ` + nextEpochSQL("$2", "0") + `,
+  acquired_at = ` + acquiredAtSQL("$2", "0") + `,
   expires_at = compute_now() + make_interval(secs => $3::float8)
  WHERE name = $1 AND (owner = $2 OR expires_at < compute_now())
 RETURNING epoch, expires_at, compute_now(), lease_epoch_floor()`
 
 var takeFreshSQL = `
 UPDATE leases SET owner = $2,
-  epoch = ` + freshEpochSQL + `,
+  epoch = ` + freshEpochSQL("0") + `,
   acquired_at = compute_now(),
   expires_at = compute_now() + make_interval(secs => $3::float8)
  WHERE name = $1 AND (owner = $2 OR expires_at < compute_now())

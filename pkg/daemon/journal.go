@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"syscall"
 
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -165,6 +166,7 @@ func (o JournalOptions) withDefaults() JournalOptions {
 type FileJournal struct {
 	path, tmp string
 	opts      JournalOptions
+	lock      *os.File // <path>.lock, flocked for the journal's life
 
 	mu     sync.Mutex
 	f      *os.File
@@ -227,13 +229,29 @@ func OpenFileJournal(path string) (*FileJournal, error) {
 	return OpenFileJournalWith(path, JournalOptions{})
 }
 
+// ErrJournalLocked is returned (wrapped) by OpenFileJournal when another
+// open journal, in this process or another, holds the file.
+var ErrJournalLocked = errors.New("journal in use by another process")
+
 // OpenFileJournalWith opens (creating it if needed) the journal at path,
 // keeping what opts says, and compacts it: a leftover temporary file of an
 // interrupted compaction is removed and a torn last line dropped, so the
-// next append starts on a line of its own.
-func OpenFileJournalWith(path string, opts JournalOptions) (*FileJournal, error) {
+// next append starts on a line of its own. It holds an exclusive flock on
+// <path>.lock until Close: a second agent given the same file is refused
+// (ErrJournalLocked) instead of interleaving its records with the first's.
+// The kernel drops the lock with the process, so a killed agent leaves
+// nothing to clean up.
+func OpenFileJournalWith(path string, opts JournalOptions) (_ *FileJournal, err error) {
 	j := &FileJournal{path: path, tmp: path + ".compact.tmp", opts: opts.withDefaults(), m: map[string]*fileEntry{}}
 	j.synced = sync.NewCond(&j.mu)
+	if j.lock, err = lockFile(path + ".lock"); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = j.lock.Close()
+		}
+	}()
 	// A temporary file is never the journal: the rename, which is what
 	// makes it one, did not happen.
 	if err := os.Remove(j.tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -600,6 +618,9 @@ func (j *FileJournal) Stats() JournalStats {
 func (j *FileJournal) Close() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	if !j.closed && j.lock != nil {
+		defer j.lock.Close() // the lock goes last, after the file is synced
+	}
 	j.closed = true
 	for j.syncing {
 		j.synced.Wait()
@@ -620,4 +641,20 @@ func (j *FileJournal) Close() error {
 		return fmt.Errorf("close journal: %w", err)
 	}
 	return nil
+}
+
+// lockFile opens path and takes an exclusive, non-blocking flock on it.
+func lockFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open the journal's lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%s: %w", path, ErrJournalLocked)
+		}
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return f, nil
 }

@@ -67,6 +67,7 @@ var checks = map[string]checkFunc{
 	CodeDBReplication:     checkReplication,
 	CodeDBURL:             checkURL,
 	CodeDBConnections:     checkConnections,
+	CodeDBRestored:        checkRestored,
 	CodeTLSExpiry:         checkTLSExpiry,
 }
 

@@ -91,7 +91,10 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.ex = ex
 	dcfg.Handler = ex.Handle
 	if a.journal, err = daemon.OpenFileJournal(cfg.StateDir + "/" + journalFileName); err != nil {
-		return nil, err
+		if errors.Is(err, daemon.ErrJournalLocked) {
+			return nil, fmt.Errorf("--state-dir %s: another leasehold-node uses it (each agent needs a state directory of its own): %w", cfg.StateDir, err)
+		}
+		return nil, fmt.Errorf("--state-dir %s: %w", cfg.StateDir, err)
 	}
 	dcfg.Journal = a.journal
 	if a.d, err = daemon.New(dcfg); err != nil {

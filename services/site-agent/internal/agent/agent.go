@@ -65,7 +65,7 @@ type Agent struct {
 	log     *slog.Logger
 	clock   clockwork.Clock
 	d       *daemon.Daemon
-	journal *journal
+	journal *daemon.FileJournal
 	fence   *Fence
 	dhcp    *pxe.Responder
 	tftp    *tftp.Server
