@@ -100,6 +100,8 @@ func NewKeeper(client *Client, cfg KeeperConfig, logger *slog.Logger) (*Keeper, 
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
+	} else {
+		client.adoptLogger(logger)
 	}
 	return &Keeper{cfg: cfg, client: client, clock: client.clock, log: logger, acquired: make(chan struct{})}, nil
 }

@@ -73,7 +73,7 @@ type Client struct {
 	// mem is what this client saw of the database's history (restore.go).
 	mem          epochMemory
 	onRegression func(Regression)
-	log          *slog.Logger
+	log          *slog.Logger // nil: the Keeper's or Renewer's, else slog.Default()
 }
 
 // ClientOption configures a Client.
@@ -90,7 +90,7 @@ func NewClient(db *pgxpool.Pool, owner string, opts ...ClientOption) (*Client, e
 	if err := ValidateOwner(owner); err != nil {
 		return nil, err
 	}
-	c := &Client{db: db, owner: owner, clock: clockwork.NewRealClock(), log: slog.Default()}
+	c := &Client{db: db, owner: owner, clock: clockwork.NewRealClock()}
 	for _, o := range opts {
 		o(c)
 	}

@@ -104,6 +104,7 @@ func NewRenewer(cfg RenewerConfig, client *Client, logger *slog.Logger, reg prom
 	}
 	r.skew = NewSkewDetector(DefaultSkewThreshold, logger, func(d time.Duration) { r.m.clockSkew.Set(d.Seconds()) })
 	client.skew = r.skew
+	client.adoptLogger(logger)
 	// The renewal loop stalls when a pass has not completed for a full TTL.
 	r.loop = health.NewLoop("lease-renewal", cfg.Timings.LeaseTTL, clock.Now)
 	r.BasicService = services.NewBasicService(nil, r.running, r.stopping).WithName("lease-renewal")

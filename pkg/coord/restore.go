@@ -140,12 +140,27 @@ func (r Regression) String() string {
 }
 
 // WithLogger sets the logger of the client's rare events (a database that
-// went back in time; default slog.Default()).
+// went back in time). Without it the client logs with the logger of the
+// first Keeper or Renewer built on it, else slog.Default().
 func WithLogger(l *slog.Logger) ClientOption {
 	return func(cl *Client) {
 		if l != nil {
 			cl.log = l
 		}
+	}
+}
+
+func (c *Client) logger() *slog.Logger {
+	if c.log != nil {
+		return c.log
+	}
+	return slog.Default()
+}
+
+// adoptLogger makes l the client's logger unless it has one.
+func (c *Client) adoptLogger(l *slog.Logger) {
+	if c.log == nil {
+		c.log = l
 	}
 }
 
@@ -266,7 +281,7 @@ func (c *Client) grantGuarded(ctx context.Context, sql string, names, ensure []s
 		// Rows created after the backup are gone: insert them again.
 		c.known.Clear()
 		ensure = names
-		c.log.Error("the database went back in time; recorded it and raised the epoch floor, see docs/database-failover.md",
+		c.logger().Error("the database went back in time; recorded it and raised the epoch floor, see docs/database-failover.md",
 			"owner", c.owner, "regression", reg.String())
 		if c.onRegression != nil {
 			c.onRegression(reg)
