@@ -19,7 +19,7 @@ import (
 	"github.com/leasehold/leasehold/pkg/fleettest"
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1/controlv1connect"
-	"github.com/leasehold/leasehold/pkg/nodeauth"
+	"github.com/leasehold/leasehold/pkg/nodereg"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 	"github.com/leasehold/leasehold/pkg/proctest"
 )
@@ -143,10 +143,10 @@ func TestNodeJoinsRotatesAndIsRefused(t *testing.T) {
 		agent.WaitReady(60 * time.Second)
 
 		require.Eventually(t, func() bool {
-			_, err := nodeauth.Verify(ctx, db.Pool, "enroll-a", strings.TrimSpace(string(old)))
-			return errors.Is(err, nodeauth.ErrUnauthenticated)
+			_, err := nodereg.Verify(ctx, db.Pool, "enroll-a", strings.TrimSpace(string(old)))
+			return errors.Is(err, nodereg.ErrUnauthenticated)
 		}, 30*time.Second, 100*time.Millisecond, "the old credential is refused once its grace ended")
-		_, err = nodeauth.Verify(ctx, db.Pool, "enroll-a", strings.TrimSpace(string(fresh)))
+		_, err = nodereg.Verify(ctx, db.Pool, "enroll-a", strings.TrimSpace(string(fresh)))
 		require.NoError(t, err)
 	})
 

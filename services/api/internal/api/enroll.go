@@ -12,6 +12,7 @@ import (
 	enrollv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/enroll/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/enroll/v1/enrollv1connect"
 	"github.com/leasehold/leasehold/pkg/nodeauth"
+	"github.com/leasehold/leasehold/pkg/nodereg"
 	"github.com/leasehold/leasehold/pkg/pgdb"
 )
 
@@ -232,7 +233,7 @@ SELECT count(*) FROM node_credentials
 
 var errCredentialRefused = errors.New("node credential not accepted")
 
-// RotateCredential authenticates node_id with credential (nodeauth.Verify:
+// RotateCredential authenticates node_id with credential (nodereg.Verify:
 // UNAUTHENTICATED for anything else, a revoked node included), then in the
 // same transaction stores a new credential and makes the presented one
 // expire after grace (0..24h, default 10m) by the database clock, with an
@@ -261,7 +262,7 @@ func (h *Handler) RotateCredential(ctx context.Context, req *connect.Request[enr
 		} else if err != nil {
 			return fmt.Errorf("lock node %s: %w", nodeID, err)
 		}
-		if _, err := nodeauth.Verify(ctx, tx, nodeID, m.GetCredential()); errors.Is(err, nodeauth.ErrUnauthenticated) {
+		if _, err := nodereg.Verify(ctx, tx, nodeID, m.GetCredential()); errors.Is(err, nodereg.ErrUnauthenticated) {
 			return enrollRefused(errCredentialRefused)
 		} else if err != nil {
 			return err

@@ -20,6 +20,7 @@ import (
 	enrollv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/enroll/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/enroll/v1/enrollv1connect"
 	"github.com/leasehold/leasehold/pkg/nodeauth"
+	"github.com/leasehold/leasehold/pkg/nodereg"
 	"github.com/leasehold/leasehold/pkg/pgdb"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 )
@@ -61,7 +62,7 @@ func (b *bundle) waitDBPast(t time.Time) {
 
 func (b *bundle) verify(nodeID, cred string) error {
 	b.t.Helper()
-	_, err := nodeauth.Verify(ctxT(b.t), b.db.Pool, nodeID, cred)
+	_, err := nodereg.Verify(ctxT(b.t), b.db.Pool, nodeID, cred)
 	return err
 }
 
@@ -90,9 +91,9 @@ func TestJoinWithOneUseTokenOnceThenUsedUp(t *testing.T) {
 	require.True(t, strings.HasPrefix(resp.GetCredential(), nodeauth.Prefix))
 
 	// The gateway authenticates the joined node.
-	id, err := nodeauth.Verify(ctx, b.db.Pool, "node-1", resp.GetCredential())
+	id, err := nodereg.Verify(ctx, b.db.Pool, "node-1", resp.GetCredential())
 	require.NoError(t, err)
-	require.Equal(t, nodeauth.Identity{NodeID: "node-1", Kind: "node"}, id)
+	require.Equal(t, nodereg.Identity{NodeID: "node-1", Kind: "node"}, id)
 	// The token's labels win over the machine's; the token's pool.
 	got, err := b.viewer.GetNode(ctx, connect.NewRequest(&controlv1.GetNodeRequest{NodeId: "node-1"}))
 	require.NoError(t, err)
@@ -253,7 +254,7 @@ func TestJoinExistingNodeNeedsReenroll(t *testing.T) {
 	require.True(t, resp.GetReenrolled())
 	// The old credential is dead, the new one works; the session is closed;
 	// the window is used up; the node keeps its assigned labels.
-	require.ErrorIs(t, b.verify("node-1", oldCred), nodeauth.ErrUnauthenticated)
+	require.ErrorIs(t, b.verify("node-1", oldCred), nodereg.ErrUnauthenticated)
 	require.NoError(t, b.verify("node-1", resp.GetCredential()))
 	require.Zero(t, b.count(`SELECT count(*) FROM node_sessions WHERE node_id = 'node-1' AND state = 'connected'`))
 	require.Zero(t, b.count(`SELECT count(*) FROM nodes WHERE id = 'node-1' AND reenroll_until IS NOT NULL`))
@@ -329,7 +330,7 @@ func TestRotateCredentialGraceThenOldOneFails(t *testing.T) {
 	require.True(t, again.Msg.GetOldValidUntil().AsTime().Equal(until), "a credential in its grace cannot extend itself")
 
 	b.waitDBPast(until)
-	require.ErrorIs(t, b.verify("node-1", oldCred), nodeauth.ErrUnauthenticated)
+	require.ErrorIs(t, b.verify("node-1", oldCred), nodereg.ErrUnauthenticated)
 	require.NoError(t, b.verify("node-1", newCred))
 	_, err = b.enroll().RotateCredential(ctx, connect.NewRequest(&enrollv1.RotateCredentialRequest{NodeId: "node-1", Credential: oldCred}))
 	requireCode(t, err, connect.CodeUnauthenticated)
@@ -390,7 +391,7 @@ func TestRotateCredentialBoundsLiveCredentials(t *testing.T) {
 		Grace: durationpb.New(0)}))
 	require.NoError(t, err)
 	b.secret(rot.Msg.GetCredential())
-	require.ErrorIs(t, b.verify("node-1", cred), nodeauth.ErrUnauthenticated)
+	require.ErrorIs(t, b.verify("node-1", cred), nodereg.ErrUnauthenticated)
 }
 
 func TestJoinTokenRPCsNeedAdmin(t *testing.T) {

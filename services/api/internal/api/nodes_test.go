@@ -9,6 +9,7 @@ import (
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/nodeauth"
+	"github.com/leasehold/leasehold/pkg/nodereg"
 )
 
 func TestRegisterNodeReturnsCredentialOnceStoredHashed(t *testing.T) {
@@ -39,7 +40,7 @@ func TestRegisterNodeReturnsCredentialOnceStoredHashed(t *testing.T) {
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT credential_hash FROM node_credentials WHERE node_id = 'node-1'`).Scan(&hash))
 	require.Equal(t, nodeauth.Hash(cred), hash)
 	require.Zero(t, b.count(`SELECT count(*) FROM node_credentials c, nodes n WHERE c::text LIKE '%' || $1 || '%' OR n::text LIKE '%' || $1 || '%'`, cred))
-	id, err := nodeauth.Verify(ctx, b.db.Pool, "node-1", cred)
+	id, err := nodereg.Verify(ctx, b.db.Pool, "node-1", cred)
 	require.NoError(t, err)
 	require.Equal(t, "node-1", id.NodeID)
 
@@ -85,8 +86,8 @@ func TestRevokeNode(t *testing.T) {
 	require.Equal(t, controlv1.NodeState_NODE_STATE_REVOKED, n.GetState())
 	require.NotNil(t, n.GetRevokedAt())
 	require.Empty(t, n.GetGatewayId(), "the session is closed")
-	_, err = nodeauth.Verify(ctx, b.db.Pool, "node-1", cred)
-	require.ErrorIs(t, err, nodeauth.ErrUnauthenticated)
+	_, err = nodereg.Verify(ctx, b.db.Pool, "node-1", cred)
+	require.ErrorIs(t, err, nodereg.ErrUnauthenticated)
 	require.Equal(t, 1, b.count(`SELECT count(*) FROM node_sessions WHERE node_id = 'node-1' AND state = 'disconnected'`))
 
 	// Twice is fine; an unknown node is NOT_FOUND.

@@ -2,7 +2,7 @@ package api
 
 import (
 	"github.com/leasehold/leasehold/pkg/cmdstore"
-	"github.com/leasehold/leasehold/pkg/nodeauth"
+	"github.com/leasehold/leasehold/pkg/nodereg"
 )
 
 // ControlService's statements, one per purpose, always parameterised. Every
@@ -43,7 +43,7 @@ const lockNodeForRevokeSQL = `SELECT state FROM nodes WHERE id = $1 FOR UPDATE`
 
 // revokeCredentialsSQL revokes every live credential of the node now, those
 // in a rotation's grace (revoked_at in the future) included.
-const revokeCredentialsSQL = nodeauth.RevokeLiveSQL
+const revokeCredentialsSQL = nodereg.RevokeLiveSQL
 
 const revokeNodeSQL = `UPDATE nodes SET state = 'revoked', updated_at = compute_now() WHERE id = $1`
 

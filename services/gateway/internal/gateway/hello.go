@@ -26,6 +26,7 @@ import (
 
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/nodeauth"
+	"github.com/leasehold/leasehold/pkg/nodereg"
 )
 
 var (
@@ -226,8 +227,8 @@ type replay struct {
 // gateway lease, bumps its session epoch, routes it here, marks it
 // connected and takes its in-flight commands for replay.
 func (g *Gateway) hello(ctx context.Context, stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse], h *nodev1.Hello) (*session, *nodev1.Welcome, []*nodev1.Command, error) {
-	id, err := nodeauth.Verify(ctx, g.db, h.GetNodeId(), h.GetCredential())
-	if errors.Is(err, nodeauth.ErrUnauthenticated) {
+	id, err := nodereg.Verify(ctx, g.db, h.GetNodeId(), h.GetCredential())
+	if errors.Is(err, nodereg.ErrUnauthenticated) {
 		g.m.hellos.WithLabelValues("unauthenticated").Inc()
 		return nil, nil, nil, connect.NewError(connect.CodeUnauthenticated, errBadCredential)
 	}

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
-	"github.com/leasehold/leasehold/pkg/nodeauth"
+	"github.com/leasehold/leasehold/pkg/nodereg"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 )
 
@@ -58,7 +58,7 @@ func TestSpecChangePushedAsNodeSpecUpdateByNotifyAndByPoll(t *testing.T) {
 			cfg.SpecPoll = time.Hour // only NOTIFY can deliver it in time
 		}
 		g := startGatewayWith(t, cfg, deps)
-		cred, err := nodeauth.Register(context.Background(), db.Pool, nodeauth.Node{ID: "agent-1", Kind: "site_agent", SiteID: "s1"})
+		cred, err := nodereg.Register(context.Background(), db.Pool, nodereg.Node{ID: "agent-1", Kind: "site_agent", SiteID: "s1"})
 		require.NoError(t, err)
 		s := dialRaw(t, g.Addr())
 		w := siteAgentWelcome(t, s, "agent-1", cred, "s1")
@@ -92,7 +92,7 @@ func TestDiscoveryReportStoredOnlyAtTheCurrentBootEpoch(t *testing.T) {
 	db := pgtest.NewDB(t)
 	g := startGateway(t, db, testConfig())
 	ctx := context.Background()
-	cred, err := nodeauth.Register(ctx, db.Pool, nodeauth.Node{ID: "agent-1", Kind: "site_agent", SiteID: "s1"})
+	cred, err := nodereg.Register(ctx, db.Pool, nodereg.Node{ID: "agent-1", Kind: "site_agent", SiteID: "s1"})
 	require.NoError(t, err)
 	_, err = db.Pool.Exec(ctx, `INSERT INTO leases (name, owner, epoch, expires_at) VALUES ('site:s1:boot', 'agent-1', 5, compute_now() + interval '15 seconds')`)
 	require.NoError(t, err)

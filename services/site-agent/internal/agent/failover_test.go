@@ -20,7 +20,7 @@ import (
 	"github.com/leasehold/leasehold/pkg/faultproxy"
 	"github.com/leasehold/leasehold/pkg/fleettest"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
-	"github.com/leasehold/leasehold/pkg/nodeauth"
+	"github.com/leasehold/leasehold/pkg/nodereg"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 	"github.com/leasehold/leasehold/services/site-agent/internal/pxe"
 	"github.com/leasehold/leasehold/services/site-agent/internal/tftp"
@@ -208,7 +208,7 @@ func TestTwoAgentsOneAnswersAndFailoverNeverOverlaps(t *testing.T) {
 	}()
 	var agents [2]*testAgent
 	for i, id := range []string{"agent-a", "agent-b"} {
-		cred, err := nodeauth.Register(ctx, db.Pool, nodeauth.Node{ID: id, Kind: "site_agent", SiteID: "site1"})
+		cred, err := nodereg.Register(ctx, db.Pool, nodereg.Node{ID: id, Kind: "site_agent", SiteID: "site1"})
 		require.NoError(t, err)
 		agents[i] = startAgent(t, id, "site1", cred, gw.Listen, &logs)
 	}

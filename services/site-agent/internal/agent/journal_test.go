@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/leasehold/leasehold/pkg/fleettest"
-	"github.com/leasehold/leasehold/pkg/nodeauth"
+	"github.com/leasehold/leasehold/pkg/nodereg"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 	"github.com/leasehold/leasehold/pkg/proctest"
 )
@@ -134,7 +134,7 @@ func TestBMCCommandRunsOnceAcrossAKill(t *testing.T) {
 	db := pgtest.NewDB(t)
 	ctx := context.Background()
 	gw := fleettest.StartGateway(t, db.URL, "gw_journal_kill", siteGatewayArgs...)
-	cred, err := nodeauth.Register(ctx, db.Pool, nodeauth.Node{ID: "agent-k", Kind: "site_agent", SiteID: "site1"})
+	cred, err := nodereg.Register(ctx, db.Pool, nodereg.Node{ID: "agent-k", Kind: "site_agent", SiteID: "site1"})
 	require.NoError(t, err)
 	bmc := newHeldBMC(t)
 	bin := fleettest.Binary(t, "site-agent")
@@ -182,7 +182,7 @@ func TestBMCCommandRunsOnceAcrossAStop(t *testing.T) {
 	db := pgtest.NewDB(t)
 	ctx := context.Background()
 	gw := fleettest.StartGateway(t, db.URL, "gw_journal_stop", siteGatewayArgs...)
-	cred, err := nodeauth.Register(ctx, db.Pool, nodeauth.Node{ID: "agent-s", Kind: "site_agent", SiteID: "site1"})
+	cred, err := nodereg.Register(ctx, db.Pool, nodereg.Node{ID: "agent-s", Kind: "site_agent", SiteID: "site1"})
 	require.NoError(t, err)
 	bmc := newHeldBMC(t)
 	journal := filepath.Join(t.TempDir(), "journal")

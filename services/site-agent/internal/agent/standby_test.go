@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/leasehold/leasehold/pkg/fleettest"
-	"github.com/leasehold/leasehold/pkg/nodeauth"
+	"github.com/leasehold/leasehold/pkg/nodereg"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 )
 
@@ -82,7 +82,7 @@ func TestStandbyServesTheCacheAndRunsBMCCommands(t *testing.T) {
 	}()
 	var agents [2]*testAgent
 	for i, id := range []string{"agent-a", "agent-b"} {
-		cred, err := nodeauth.Register(ctx, db.Pool, nodeauth.Node{ID: id, Kind: "site_agent", SiteID: "site1"})
+		cred, err := nodereg.Register(ctx, db.Pool, nodereg.Node{ID: id, Kind: "site_agent", SiteID: "site1"})
 		require.NoError(t, err)
 		agents[i] = startAgent(t, id, "site1", cred, gw.Listen, &logs, func(c *Config) {
 			c.Cache.Origin = origin.URL

@@ -26,7 +26,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/leasehold/leasehold/pkg/fleettest"
-	"github.com/leasehold/leasehold/pkg/nodeauth"
+	"github.com/leasehold/leasehold/pkg/nodereg"
 	"github.com/leasehold/leasehold/pkg/pglocal"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 	"github.com/leasehold/leasehold/pkg/proctest"
@@ -339,7 +339,7 @@ func inner(t *testing.T, ns []string) {
 	bin := fleettest.Binary(t, "site-agent")
 	agents := map[string]*agentProc{}
 	for _, ag := range []struct{ id, ns, ip string }{{"agent-a", nsA, agentAIP}, {"agent-b", nsB, agentBIP}} {
-		cred, err := nodeauth.Register(ctx, db.Pool, nodeauth.Node{ID: ag.id, Kind: "site_agent", SiteID: "site1"})
+		cred, err := nodereg.Register(ctx, db.Pool, nodereg.Node{ID: ag.id, Kind: "site_agent", SiteID: "site1"})
 		require.NoError(t, err)
 		cache := filepath.Join(dir, "cache-"+ag.id)
 		p := proctest.Start(t, ag.id, "ip", []string{"LEASEHOLD_NODE_CREDENTIAL=" + cred}, "netns", "exec", ag.ns, bin,
