@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/leasehold/leasehold/pkg/buildinfo"
 )
 
 // Config holds the thresholds and the expected deployment the checks compare
@@ -97,7 +99,7 @@ func (c *Config) Validate() error {
 	if c.TLSExpiryWarn < c.TLSExpiryCritical {
 		errs = append(errs, fmt.Errorf("--tls-expiry-warn %s must not be shorter than --tls-expiry-critical %s", c.TLSExpiryWarn, c.TLSExpiryCritical))
 	}
-	if c.MinDaemonVersion != "" && release(c.MinDaemonVersion) == "" {
+	if c.MinDaemonVersion != "" && buildinfo.Release(c.MinDaemonVersion) == "" {
 		errs = append(errs, fmt.Errorf("--min-daemon-version %q is not a semantic version (vMAJOR[.MINOR[.PATCH]])", c.MinDaemonVersion))
 	}
 	if c.SweeperJob == "" {

@@ -3,10 +3,11 @@ package doctor
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"golang.org/x/mod/semver"
+
+	"github.com/leasehold/leasehold/pkg/buildinfo"
 )
 
 // CodeNodesVersions is the daemon version histogram of the fleet.
@@ -23,25 +24,6 @@ SELECT daemon_version, count(*), min(id)
 type versionRow struct {
 	version, example string
 	count            int
-}
-
-// release returns the MAJOR.MINOR.PATCH release of version as a canonical
-// semver, or "" when it is not semantic; the gateway's
-// --gateway.min-daemon-version compares the same way (a leading "v" is
-// optional and a pre-release or build suffix is dropped).
-func release(version string) string {
-	v := strings.TrimSpace(version)
-	if v == "" {
-		return ""
-	}
-	if !strings.HasPrefix(v, "v") {
-		v = "v" + v
-	}
-	c := semver.Canonical(v)
-	if pre := semver.Prerelease(c); pre != "" {
-		c = strings.TrimSuffix(c, pre)
-	}
-	return c
 }
 
 func versionLabel(v string) string {
@@ -73,11 +55,11 @@ func checkNodesVersions(ctx context.Context, d *Doctor) (Finding, error) {
 	total := 0
 	var below []versionRow
 	belowNodes := 0
-	minimum := release(d.cfg.MinDaemonVersion)
+	minimum := buildinfo.Release(d.cfg.MinDaemonVersion)
 	for _, v := range rows {
 		total += v.count
 		if minimum != "" {
-			if r := release(v.version); r == "" || semver.Compare(r, minimum) < 0 {
+			if r := buildinfo.Release(v.version); r == "" || semver.Compare(r, minimum) < 0 {
 				below = append(below, v)
 				belowNodes += v.count
 			}

@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"time"
+
+	"github.com/leasehold/leasehold/pkg/buildinfo"
 )
 
 // Config is the gateway's own configuration (docs/design.md#gateways and #timings).
@@ -197,7 +199,7 @@ func (c *Config) Validate() error {
 	if c.HeartbeatInterval > 0 && 3*c.HeartbeatInterval >= c.SessionLease {
 		errs = append(errs, fmt.Errorf("--gateway.heartbeat-interval %s times 3 must be less than --gateway.session-lease %s", c.HeartbeatInterval, c.SessionLease))
 	}
-	if c.MinDaemonVersion != "" && releaseOf(c.MinDaemonVersion) == "" {
+	if c.MinDaemonVersion != "" && buildinfo.Release(c.MinDaemonVersion) == "" {
 		errs = append(errs, fmt.Errorf("--gateway.min-daemon-version %q is not a semantic version (vMAJOR[.MINOR[.PATCH]])", c.MinDaemonVersion))
 	}
 	if c.MaxStreams < 1 {

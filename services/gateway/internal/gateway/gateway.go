@@ -36,6 +36,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
+	"github.com/leasehold/leasehold/pkg/buildinfo"
 	"github.com/leasehold/leasehold/pkg/coord"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
 	"github.com/leasehold/leasehold/pkg/health"
@@ -178,7 +179,7 @@ func New(cfg Config, deps Deps) (_ *Gateway, err error) {
 		fencedCh:      make(chan struct{}),
 		dispatchWaker: newNodeWaker(), specWaker: newNodeWaker(), ingest: newIngester(),
 		tracer:           tracing.TracerProvider(deps.Tracer).Tracer(tracerName),
-		minDaemonVersion: releaseOf(cfg.MinDaemonVersion),
+		minDaemonVersion: buildinfo.Release(cfg.MinDaemonVersion),
 	}
 	g.keeper, err = coord.NewKeeper(client, coord.KeeperConfig{
 		Name: name, TTL: cfg.LeaseTTL, Renew: cfg.LeaseRenew, Trust: cfg.LeaseTTL / 2,

@@ -3,10 +3,11 @@ package gateway
 import (
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"time"
 
 	"golang.org/x/mod/semver"
+
+	"github.com/leasehold/leasehold/pkg/buildinfo"
 )
 
 // Version skew (docs/gateway.md, "Daemon versions"): a gateway with
@@ -22,38 +23,16 @@ const (
 	versionRetryJitter = 5 * time.Minute
 )
 
-// releaseOf returns the MAJOR.MINOR.PATCH release of version as a canonical
-// semver ("v1.2.3"), or "" when version is not semantic. A leading "v" is
-// optional, a missing minor or patch is 0, and a pre-release or build
-// suffix is dropped: `git describe` stamps builds after v1.2.3 as
-// v1.2.3-4-gabcdef, which count as v1.2.3 (docs/decisions.md).
-func releaseOf(version string) string {
-	v := strings.TrimSpace(version)
-	if v == "" {
-		return ""
-	}
-	if !strings.HasPrefix(v, "v") {
-		v = "v" + v
-	}
-	c := semver.Canonical(v)
-	if c == "" {
-		return ""
-	}
-	if pre := semver.Prerelease(c); pre != "" {
-		c = strings.TrimSuffix(c, pre)
-	}
-	return c
-}
-
 // versionRefusal returns why the daemon version of a Hello is refused, or
-// "" when min is "" (no minimum) or version is at least min. A version
+// "" when min is "" (no minimum) or version is at least min, min being a
+// release of buildinfo.Release and version compared by its release. A version
 // that is missing or not semantic is refused: the gateway cannot tell that
 // it speaks what the minimum requires.
 func versionRefusal(version, min string) string {
 	if min == "" {
 		return ""
 	}
-	got := releaseOf(version)
+	got := buildinfo.Release(version)
 	switch {
 	case got == "":
 		return fmt.Sprintf("hello.daemon_version %q is not a semantic version; this gateway requires at least %s (--gateway.min-daemon-version)", version, min)

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -9,21 +10,18 @@ import (
 	"connectrpc.com/connect"
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/mod/semver"
 
+	"github.com/leasehold/leasehold/pkg/buildinfo"
 	"github.com/leasehold/leasehold/pkg/daemon"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 )
 
-func TestReleaseOfAndVersionRefusal(t *testing.T) {
+// TestVersionRefusal: the minimum daemon version check; the version parser
+// itself is buildinfo.Release (TestRelease in pkg/buildinfo).
+func TestVersionRefusal(t *testing.T) {
 	t.Parallel()
-	for in, want := range map[string]string{
-		"v1.2.3": "v1.2.3", "1.2.3": "v1.2.3", "v1.2": "v1.2.0", "2": "v2.0.0",
-		"v1.2.3-4-gabcdef0-dirty": "v1.2.3", "v1.3.0-rc.1": "v1.3.0", "v1.2.3+build.5": "v1.2.3",
-		"": "", "devel": "", "v1.2.3.4": "", "abc123": "", " v1.0.0 ": "v1.0.0",
-	} {
-		require.Equal(t, want, releaseOf(in), "releaseOf(%q)", in)
-	}
 	require.Empty(t, versionRefusal("", ""), "no minimum accepts everything")
 	require.Empty(t, versionRefusal("devel", ""))
 	require.Empty(t, versionRefusal("v1.4.0", "v1.4.0"))
@@ -42,6 +40,41 @@ func TestReleaseOfAndVersionRefusal(t *testing.T) {
 		d := versionRetryAfter()
 		require.True(t, d >= 5*time.Minute && d < 10*time.Minute, "retry after %s", d)
 	}
+}
+
+// releaseByXMod is the release parser the gateway had before
+// buildinfo.Release, on golang.org/x/mod/semver (which buildinfo does not
+// import): the reference FuzzReleaseAgreesWithXModSemver holds Release to.
+func releaseByXMod(version string) string {
+	v := strings.TrimSpace(version)
+	if v == "" {
+		return ""
+	}
+	if !strings.HasPrefix(v, "v") {
+		v = "v" + v
+	}
+	c := semver.Canonical(v)
+	if pre := semver.Prerelease(c); pre != "" {
+		c = strings.TrimSuffix(c, pre)
+	}
+	return c
+}
+
+// FuzzReleaseAgreesWithXModSemver: buildinfo.Release accepts and reads a
+// version exactly as golang.org/x/mod/semver does, so the minimum daemon
+// version compares as it did before the parser moved.
+func FuzzReleaseAgreesWithXModSemver(f *testing.F) {
+	for _, s := range []string{"v1.2.3", "1.2.3", "v1.2", "2", " v1.0.0 ", "v1.2.3-4-gabcdef0-dirty", "v1.3.0-rc.1",
+		"v1.2.3+build.5", "v1.2.3-rc.1+build.5", "v01.2.3", "", "v", "devel", "v1.2.3.4", "vv1.2.3", "V1.2.3",
+		"v1.2-rc.1", "v1-rc", "v1+b", "v1.2.3-", "v1.2.3+", "v1.2.3-a..b", "v1.2.3-01", "v1.2.3-0a", "v1.2.3+01",
+		"v1.2.3-rc_1", "v1.2.3+a+b", "v1.2.3-a-b.c+d-e.f", "v0.0.0", "v1.02.3", "v99999999999999999999.0.0"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		if got, want := buildinfo.Release(v), releaseByXMod(v); got != want {
+			t.Fatalf("buildinfo.Release(%q) = %q, golang.org/x/mod/semver reads %q", v, got, want)
+		}
+	})
 }
 
 // TestOldDaemonIsRefusedWithALongRetryAfter: a Hello older than the
