@@ -6,7 +6,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strings"
 	"sync/atomic"
+
+	"github.com/leasehold/leasehold/pkg/nodeauth"
 )
 
 // ClientTLSFiles names a client's PEM files: the CA bundle its servers'
@@ -150,4 +153,35 @@ func (t *ClientTLS) Config() *tls.Config {
 			return err
 		},
 	}
+}
+
+// Validate checks the files against the URL of the gateway they are for,
+// naming the flags as RegisterFlags registered them under prefix: files
+// need an https:// URL, and the certificate and key go together.
+func (c ClientTLSFiles) Validate(prefix, gatewayURL string) error {
+	var errs []error
+	if !c.Empty() && !strings.HasPrefix(gatewayURL, "https://") {
+		errs = append(errs, fmt.Errorf("--%stls.* files are given but --%sgateway-url %q is not https://", prefix, prefix, gatewayURL))
+	}
+	if (c.Cert == "") != (c.Key == "") {
+		errs = append(errs, fmt.Errorf("--%stls.cert-file and --%stls.key-file go together", prefix, prefix))
+	}
+	return errors.Join(errs...)
+}
+
+// NewNodeClientTLS is NewClientTLS for an agent that joins the gateways
+// as node nodeID: a client certificate that names another node (its
+// leasehold URI SAN, pkg/nodeauth) is refused at start, naming the file,
+// instead of every Hello being refused later.
+func NewNodeClientTLS(component string, files ClientTLSFiles, nodeID string, opts Options) (*ClientTLS, error) {
+	t, err := NewClientTLS(component, files, opts)
+	if err != nil {
+		return nil, err
+	}
+	if leaf := t.Leaf(); leaf != nil {
+		if id, err := nodeauth.NodeIDFromCert(leaf); err == nil && id != nodeID {
+			return nil, fmt.Errorf("client certificate %s names node %q, not %q", files.Cert, id, nodeID)
+		}
+	}
+	return t, nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/leasehold/leasehold/pkg/nodeauth"
 	"github.com/leasehold/leasehold/pkg/reload"
 	"github.com/leasehold/leasehold/pkg/tlstest"
 )
@@ -94,4 +95,36 @@ func TestClientTLSRefusesBadFiles(t *testing.T) {
 	none, err := reload.NewClientTLS("node", reload.ClientTLSFiles{}, reload.Options{})
 	require.NoError(t, err)
 	require.Nil(t, none.Leaf())
+}
+
+// TestNodeClientTLSRefusesAnotherNodesCertificate: an agent given a client
+// certificate that names another node (URI SAN, else CommonName) is
+// refused at start, naming the file; its own node's certificate, or one
+// naming no node, is accepted.
+func TestNodeClientTLSRefusesAnotherNodesCertificate(t *testing.T) {
+	t.Parallel()
+	ca := tlstest.NewCA(t)
+	caFile := ca.WriteCA(t)
+	other, otherKey := tlstest.WriteKeyPair(t, ca.Client(t, "", nodeauth.NodeURI("n-2")))
+	_, err := reload.NewNodeClientTLS("node", reload.ClientTLSFiles{CA: caFile, Cert: other, Key: otherKey}, "n-1", reload.Options{})
+	require.ErrorContains(t, err, other)
+	require.ErrorContains(t, err, `names node "n-2", not "n-1"`)
+
+	mine, mineKey := tlstest.WriteKeyPair(t, ca.Client(t, "", nodeauth.NodeURI("n-1")))
+	_, err = reload.NewNodeClientTLS("node", reload.ClientTLSFiles{CA: caFile, Cert: mine, Key: mineKey}, "n-1", reload.Options{})
+	require.NoError(t, err)
+	anon, anonKey := tlstest.WriteKeyPair(t, ca.Client(t, ""))
+	_, err = reload.NewNodeClientTLS("node", reload.ClientTLSFiles{CA: caFile, Cert: anon, Key: anonKey}, "n-1", reload.Options{})
+	require.NoError(t, err, "a certificate that names no node")
+}
+
+// TestClientTLSFilesValidateNamesTheFlags: files with an http:// gateway,
+// or a certificate without its key, are refused naming the flags.
+func TestClientTLSFilesValidateNamesTheFlags(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, reload.ClientTLSFiles{}.Validate("", "http://gw:9443"))
+	require.NoError(t, reload.ClientTLSFiles{CA: "/ca.pem"}.Validate("", "https://gw:9443"))
+	err := reload.ClientTLSFiles{CA: "/ca.pem", Cert: "/c.pem"}.Validate("x.", "http://gw:9443")
+	require.ErrorContains(t, err, `--x.tls.* files are given but --x.gateway-url "http://gw:9443" is not https://`)
+	require.ErrorContains(t, err, "--x.tls.cert-file and --x.tls.key-file go together")
 }

@@ -21,7 +21,6 @@ import (
 
 	"github.com/leasehold/leasehold/pkg/daemon"
 	"github.com/leasehold/leasehold/pkg/health"
-	"github.com/leasehold/leasehold/pkg/nodeauth"
 	"github.com/leasehold/leasehold/pkg/nodeexec"
 	"github.com/leasehold/leasehold/pkg/reload"
 )
@@ -72,14 +71,9 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		dcfg.TunnelShell = s
 	}
 	if strings.HasPrefix(cfg.GatewayURL, "https://") {
-		t, err := reload.NewClientTLS("node", cfg.TLS, reload.Options{Logger: deps.Logger, Registerer: deps.Registry, Clock: deps.Clock})
+		t, err := reload.NewNodeClientTLS("node", cfg.TLS, cfg.NodeID, reload.Options{Logger: deps.Logger, Registerer: deps.Registry, Clock: deps.Clock})
 		if err != nil {
-			return nil, err
-		}
-		if leaf := t.Leaf(); leaf != nil {
-			if id, err := nodeauth.NodeIDFromCert(leaf); err == nil && id != cfg.NodeID {
-				return nil, fmt.Errorf("--tls.cert-file %s names node %q, not --node-id %q", cfg.TLS.Cert, id, cfg.NodeID)
-			}
+			return nil, fmt.Errorf("--tls.cert-file and --node-id: %w", err)
 		}
 		a.tls = t
 		dcfg.TLS = t.Config()

@@ -103,11 +103,8 @@ func (c *Config) Validate() error {
 	if !strings.HasPrefix(c.GatewayURL, "http://") && !strings.HasPrefix(c.GatewayURL, "https://") {
 		errs = append(errs, fmt.Errorf("--gateway-url %q must start with https:// (TLS) or http:// (h2c)", c.GatewayURL))
 	}
-	if !c.TLS.Empty() && !strings.HasPrefix(c.GatewayURL, "https://") {
-		errs = append(errs, fmt.Errorf("--tls.* files are given but --gateway-url %q is not https://", c.GatewayURL))
-	}
-	if (c.TLS.Cert == "") != (c.TLS.Key == "") {
-		errs = append(errs, errors.New("--tls.cert-file and --tls.key-file go together"))
+	if err := c.TLS.Validate("", c.GatewayURL); err != nil {
+		errs = append(errs, err)
 	}
 	if c.StateDir == "" || !filepath.IsAbs(c.StateDir) {
 		errs = append(errs, fmt.Errorf("--state-dir %q must be an absolute path", c.StateDir))

@@ -15,6 +15,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -35,6 +36,7 @@ import (
 	"github.com/leasehold/leasehold/pkg/daemon"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/health"
+	"github.com/leasehold/leasehold/pkg/reload"
 	"github.com/leasehold/leasehold/services/site-agent/internal/imagecache"
 	"github.com/leasehold/leasehold/services/site-agent/internal/pxe"
 	"github.com/leasehold/leasehold/services/site-agent/internal/redfish"
@@ -65,6 +67,7 @@ type Agent struct {
 	log     *slog.Logger
 	clock   clockwork.Clock
 	d       *daemon.Daemon
+	tls     *reload.ClientTLS // nil for an http:// gateway
 	journal *daemon.FileJournal
 	fence   *Fence
 	dhcp    *pxe.Responder
@@ -110,6 +113,14 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	if a.bmc, err = redfish.New(cfg.BMC, deps.Logger.With("component", "bmc")); err != nil {
 		return nil, err
 	}
+	var clientTLS *tls.Config
+	if strings.HasPrefix(cfg.GatewayURL, "https://") {
+		a.tls, err = reload.NewNodeClientTLS("site-agent", cfg.TLS, cfg.NodeID, reload.Options{Logger: deps.Logger, Registerer: deps.Registry, Clock: deps.Clock})
+		if err != nil {
+			return nil, fmt.Errorf("--tls.cert-file and --node-id: %w", err)
+		}
+		clientTLS = a.tls.Config()
+	}
 	// The journal is opened last, so nothing after it but the daemon's
 	// construction can fail; it is closed when the service stops (or fails
 	// to start).
@@ -119,7 +130,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a.d, err = daemon.New(daemon.Config{
 		Address: cfg.GatewayURL, NodeID: cfg.NodeID, Credential: cfg.Credential,
 		Kind: nodev1.NodeKind_NODE_KIND_SITE_AGENT, SiteID: cfg.SiteID, Version: deps.Version,
-		Journal: a.journal,
+		Journal: a.journal, TLS: clientTLS,
 		Handler: a.handleCommand, OnSpec: func(s *nodev1.NodeSpec) { a.fence.Apply(s) },
 		BackoffBase: min(time.Second, cfg.BackoffMax), BackoffMax: cfg.BackoffMax,
 		Clock: deps.Clock, Logger: deps.Logger.With("component", "daemon"),
@@ -230,6 +241,9 @@ func (a *Agent) running(ctx context.Context) error {
 	wg.Add(2)
 	go func() { defer wg.Done(); _ = a.d.Run(dctx) }()
 	go func() { defer wg.Done(); a.watchRole(dctx) }()
+	if a.tls != nil && a.tls.Watcher != nil {
+		wg.Go(func() { a.tls.Run(dctx, reload.DefaultInterval) })
+	}
 
 	var failure error
 	select {

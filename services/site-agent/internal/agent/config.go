@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/pkg/nodeauth"
+	"github.com/leasehold/leasehold/pkg/reload"
 	"github.com/leasehold/leasehold/services/site-agent/internal/imagecache"
 	"github.com/leasehold/leasehold/services/site-agent/internal/pxe"
 	"github.com/leasehold/leasehold/services/site-agent/internal/redfish"
@@ -30,6 +31,10 @@ type Config struct {
 	NodeID, Credential, CredentialFile, SiteID string
 	// BackoffMax bounds redial back-off (60 s).
 	BackoffMax time.Duration
+	// TLS names the CA bundle the gateway's certificate must chain to and
+	// the client certificate for a gateway that requires mTLS; every file
+	// is re-read on change.
+	TLS reload.ClientTLSFiles
 	// Journal is the file of the durable command journal: every BMC
 	// command is recorded there as started before it runs and with its
 	// result after, so none runs twice across a restart
@@ -68,6 +73,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.StringVar(&c.CredentialFile, prefix+"node-credential-file", "", "file holding the node credential")
 	f.StringVar(&c.SiteID, prefix+"site-id", "", "the bare-metal site this agent serves")
 	f.DurationVar(&c.BackoffMax, prefix+"redial-backoff-max", 60*time.Second, "upper bound of the redial back-off")
+	c.TLS.RegisterFlags(prefix, f)
 	f.StringVar(&c.Journal, prefix+"journal", DefaultJournal, "file of the command journal, so no BMC command runs twice across a restart (its directory is created 0700; one agent per file)")
 	f.DurationVar(&c.SelfFence, prefix+"boot.self-fence", 10*time.Second, "stop answering DHCP/iPXE this long after the last boot grant; must be < --boot.lease-ttl")
 	f.DurationVar(&c.LeaseTTL, prefix+"boot.lease-ttl", 15*time.Second, "the site:<id>:boot lease TTL the control plane uses (worker --sites.boot-lease-ttl)")
@@ -131,6 +137,9 @@ func (c *Config) Validate() error {
 	var errs []error
 	if !strings.HasPrefix(c.GatewayURL, "http://") && !strings.HasPrefix(c.GatewayURL, "https://") {
 		errs = append(errs, fmt.Errorf("--gateway-url %q must start with http:// or https://", c.GatewayURL))
+	}
+	if err := c.TLS.Validate("", c.GatewayURL); err != nil {
+		errs = append(errs, err)
 	}
 	if err := nodeauth.ValidateNodeID(c.NodeID); err != nil {
 		errs = append(errs, fmt.Errorf("--node-id: %w", err))
