@@ -1,0 +1,166 @@
+package queue_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leasehold/leasehold/pkg/coord"
+	"github.com/leasehold/leasehold/pkg/pgdb"
+	"github.com/leasehold/leasehold/pkg/pgtest"
+	"github.com/leasehold/leasehold/pkg/queue"
+)
+
+// A producer enqueues a key in the transaction that makes the change the key
+// must react to; a worker that holds the key's shard lease claims it, runs
+// it in a transaction fenced on that lease and completes it there, so the
+// run's writes and the key's deletion commit together or not at all.
+func Example() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, databaseURL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `CREATE TABLE images (name text PRIMARY KEY, wanted text NOT NULL, built text)`); err != nil {
+		log.Fatal(err)
+	}
+
+	// The producer: the change and its wake-up in one transaction.
+	err = pgdb.InTx(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO images (name, wanted) VALUES ('base', 'v2')`); err != nil {
+			return err
+		}
+		_, err := queue.Enqueue(ctx, tx, "image-builder", "base", 0)
+		return err
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// The worker: hold the key's shard lease (a real worker holds its share
+	// of all coord.NumShards through the renewal loop), then claim.
+	worker, err := coord.NewClient(pool, "worker-1")
+	if err != nil {
+		log.Fatal(err)
+	}
+	shard := coord.ShardOf("base")
+	lease, ok, err := worker.Acquire(ctx, coord.ShardLeaseName("image-builder:", shard), 30*time.Second)
+	if err != nil || !ok {
+		log.Fatal("shard lease: ", ok, err)
+	}
+	items, err := queue.Claim(ctx, pool, "image-builder", worker.Owner(), []int{shard}, 10, time.Minute)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, it := range items {
+		fmt.Println("claimed:", it.Key, "attempt", it.Attempts)
+		var done queue.Completion
+		err := worker.RunFenced(ctx, lease, func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `UPDATE images SET built = wanted WHERE name = $1`, it.Key); err != nil {
+				return err
+			}
+			var err error
+			done, err = queue.Complete(ctx, tx, it)
+			return err
+		})
+		if err != nil {
+			// The run rolled back: record the failure; the key runs again
+			// after a back-off.
+			if _, ferr := queue.Fail(ctx, pool, it, err, queue.Backoff{}); ferr != nil {
+				log.Fatal(ferr)
+			}
+			continue
+		}
+		fmt.Println("completed:", it.Key, done)
+	}
+
+	var built string
+	if err := pool.QueryRow(ctx, `SELECT built FROM images WHERE name = 'base'`).Scan(&built); err != nil {
+		log.Fatal(err)
+	}
+	stats, err := queue.Depth(ctx, pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("built:", built, "still queued:", stats["image-builder"].Total)
+	// Output:
+	// claimed: base attempt 1
+	// completed: base deleted
+	// built: v2 still queued: 0
+}
+
+// An enqueue while the key runs is not lost: Complete keeps the key
+// (Rearmed) instead of deleting it, and the next claim runs it again.
+func ExampleComplete() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, databaseURL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+
+	if _, err := queue.Enqueue(ctx, pool, "dns", "node-7", 0); err != nil {
+		log.Fatal(err)
+	}
+	// For brevity the runs here are not fenced; a worker holds the shard's
+	// lease and completes inside a fenced transaction, as in the package
+	// example.
+	shards := []int{coord.ShardOf("node-7")}
+	claimed, err := queue.Claim(ctx, pool, "dns", "worker-1", shards, 1, time.Minute)
+	if err != nil {
+		log.Fatal(err)
+	}
+	// While the run is in progress, the node changes again.
+	if _, err := queue.Enqueue(ctx, pool, "dns", "node-7", 0); err != nil {
+		log.Fatal(err)
+	}
+	done, err := queue.Complete(ctx, pool, claimed[0])
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("first run:", done)
+
+	again, err := queue.Claim(ctx, pool, "dns", "worker-1", shards, 1, time.Minute)
+	if err != nil {
+		log.Fatal(err)
+	}
+	done, err = queue.Complete(ctx, pool, again[0])
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("second run:", done)
+	// Output:
+	// first run: rearmed
+	// second run: deleted
+}
+
+// databaseURL returns the URL of a fresh, migrated leasehold database on
+// this test binary's PostgreSQL (pkg/pgtest; TestMain calls pgtest.Main).
+// An example gets no *testing.T, so it stands in with exampleTB. In a real
+// program the URL comes from configuration (--database-url).
+func databaseURL() string {
+	t := &exampleTB{}
+	db := pgtest.NewDB(t)
+	for _, f := range t.cleanups {
+		f() // closes pgtest's own pool; the example opens its own
+	}
+	return db.URL
+}
+
+// exampleTB is the testing.TB pgtest needs, for an example: a failure
+// panics, which fails the example.
+type exampleTB struct {
+	testing.TB
+	cleanups []func()
+}
+
+func (*exampleTB) Helper()                   {}
+func (t *exampleTB) Cleanup(f func())        { t.cleanups = append(t.cleanups, f) }
+func (*exampleTB) Fatalf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
+func (*exampleTB) Fatal(a ...any)            { panic(fmt.Sprint(a...)) }
