@@ -8,14 +8,12 @@ import (
 	"fmt"
 	"path/filepath"
 	"runtime"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leasehold/leasehold/pkg/nodeauth"
-	"github.com/leasehold/leasehold/pkg/pglocal"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 	"github.com/leasehold/leasehold/pkg/proctest"
 )
@@ -32,35 +30,16 @@ func Binary(t testing.TB, service string) string {
 	return proctest.Build(t, filepath.Join(Root(), "services", service))
 }
 
-// handedOut holds every port Addr returned in this test binary: a port is
-// free only until its process binds it, so two Addr calls before either
-// process starts could otherwise get the same one.
-var handedOut struct {
-	sync.Mutex
-	ports map[int]bool
-}
-
-// Addr returns a free loopback address that no earlier Addr call in this
-// test binary returned.
+// Addr returns a loopback address for a process to listen on: a port that
+// was free a moment ago, outside the kernel's ephemeral range, and that no
+// earlier Addr or FreePort call in this process returned (ports.go).
 func Addr(t testing.TB) string {
 	t.Helper()
-	handedOut.Lock()
-	defer handedOut.Unlock()
-	if handedOut.ports == nil {
-		handedOut.ports = map[int]bool{}
+	port, err := FreePort()
+	if err != nil {
+		t.Fatal(err)
 	}
-	for range 100 {
-		port, err := pglocal.FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !handedOut.ports[port] {
-			handedOut.ports[port] = true
-			return fmt.Sprintf("127.0.0.1:%d", port)
-		}
-	}
-	t.Fatal("fleettest: no loopback port that was not handed out already")
-	return ""
+	return fmt.Sprintf("127.0.0.1:%d", port)
 }
 
 // FastCoord are reconcile-runtime timings for tests about ordering rather
