@@ -4,7 +4,8 @@ package gateway
 // beyond reading its Hello. The stream limit and the serving state are
 // checked as the stream opens; the handshake token bucket and the cap on
 // concurrent Hello transactions once the Hello has passed its free checks
-// (hello.go). A refused dial gets Pushback{retry_after, reason}.
+// and authentication (hello.go), so only authenticated nodes spend them. A
+// refused dial gets Pushback{retry_after, reason}.
 
 import (
 	"fmt"
@@ -41,8 +42,9 @@ func (g *Gateway) admitStream(stream *connect.BidiStream[nodev1.ConnectRequest, 
 }
 
 // admitHello takes a token of the handshake bucket and a slot among the
-// MaxPendingHellos concurrent Hello transactions, or refuses the dial with
-// a pushback. A nil error must be followed by helloDone.
+// MaxPendingHellos concurrent Hello transactions for an authenticated
+// Hello, or refuses the dial with a pushback. A nil error must be followed
+// by helloDone.
 func (g *Gateway) admitHello(stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse]) error {
 	if !g.limiter.AllowN(g.clock.Now(), 1) {
 		return g.pushback(stream, "hello-rate", g.rateRetryAfter(), connect.CodeResourceExhausted)

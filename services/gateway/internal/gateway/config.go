@@ -44,6 +44,10 @@ type Config struct {
 	MaxStreams int
 	// MaxPendingHellos bounds concurrent Hello transactions.
 	MaxPendingHellos int
+	// MaxPendingAuths bounds concurrent credential checks, the one
+	// database read a Hello costs before it is authenticated; a Hello that
+	// finds them all busy waits its turn (docs/gateway.md, "Admission").
+	MaxPendingAuths int
 	// HelloRate and HelloBurst shape the handshake token bucket.
 	HelloRate  float64
 	HelloBurst int
@@ -122,6 +126,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.DurationVar(&c.HeartbeatInterval, prefix+"gateway.heartbeat-interval", 5*time.Second, "heartbeat interval told to daemons in Welcome")
 	f.IntVar(&c.MaxStreams, prefix+"gateway.max-streams", 5000, "maximum concurrent node streams")
 	f.IntVar(&c.MaxPendingHellos, prefix+"gateway.max-pending-hellos", 64, "maximum concurrent Hello transactions")
+	f.IntVar(&c.MaxPendingAuths, prefix+"gateway.max-pending-auths", 4, "maximum concurrent credential checks (one database read each; the only database work a Hello with a bad credential costs); keep it below --db-max-conns")
 	f.Float64Var(&c.HelloRate, prefix+"gateway.hello-rate", 200, "handshake token bucket rate (Hellos per second)")
 	f.IntVar(&c.HelloBurst, prefix+"gateway.hello-burst", 50, "handshake token bucket burst")
 	f.IntVar(&c.MaxMessageBytes, prefix+"gateway.max-message-bytes", 1<<20, "largest message accepted from a node")
@@ -207,6 +212,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxPendingHellos < 1 || c.MaxPendingHellos > c.MaxStreams {
 		errs = append(errs, fmt.Errorf("--gateway.max-pending-hellos %d must be in 1..--gateway.max-streams %d", c.MaxPendingHellos, c.MaxStreams))
+	}
+	if c.MaxPendingAuths < 1 || c.MaxPendingAuths > c.MaxPendingHellos {
+		errs = append(errs, fmt.Errorf("--gateway.max-pending-auths %d must be in 1..--gateway.max-pending-hellos %d", c.MaxPendingAuths, c.MaxPendingHellos))
 	}
 	if c.HelloRate <= 0 || c.HelloBurst < 1 {
 		errs = append(errs, fmt.Errorf("--gateway.hello-rate %g must be positive and --gateway.hello-burst %d at least 1", c.HelloRate, c.HelloBurst))

@@ -34,6 +34,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/sync/semaphore"
 	"golang.org/x/time/rate"
 
 	"github.com/leasehold/leasehold/pkg/buildinfo"
@@ -95,6 +96,8 @@ type Gateway struct {
 	state   atomic.Int32
 	streams atomic.Int64
 	pending atomic.Int64
+	// auths bounds the credential checks in flight (MaxPendingAuths).
+	auths *semaphore.Weighted
 
 	mu       sync.Mutex
 	sessions map[string]*session
@@ -173,6 +176,7 @@ func New(cfg Config, deps Deps) (_ *Gateway, err error) {
 	g := &Gateway{
 		cfg: cfg, id: deps.ID, db: deps.DB, keeperDB: keeperDB, notifyURL: deps.NotifyURL, log: deps.Logger, clock: deps.Clock, m: m,
 		limiter:       rate.NewLimiter(rate.Limit(cfg.HelloRate), cfg.HelloBurst),
+		auths:         semaphore.NewWeighted(int64(cfg.MaxPendingAuths)),
 		checker:       grpchealth.NewStaticChecker(nodev1connect.NodeGatewayServiceName),
 		sessions:      map[string]*session{},
 		tunnels:       tunnelTable{byID: map[string]*tunnel{}, byNode: map[string]int{}},

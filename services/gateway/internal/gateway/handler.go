@@ -54,6 +54,9 @@ func (g *Gateway) Connect(ctx context.Context, stream *connect.BidiStream[nodev1
 	if err != nil {
 		return err
 	}
+	if err := g.authenticate(ctx, stream, hello); err != nil {
+		return err
+	}
 	if err := g.admitHello(stream); err != nil {
 		return err
 	}

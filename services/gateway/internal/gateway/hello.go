@@ -2,16 +2,19 @@ package gateway
 
 // The Hello: reading and validating a stream's first message, the checks
 // that cost nothing (the client certificate's node, the daemon version),
-// authentication and the Hello transaction, and registering the session
-// it opens.
+// authentication, which comes before the Hello may spend any admission
+// (admission.go), the Hello transaction, and registering the session it
+// opens.
 
 import (
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -100,23 +103,23 @@ func (g *Gateway) receiveHello(ctx context.Context, stream *connect.BidiStream[n
 func (g *Gateway) readHello(ctx context.Context, stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse]) (*nodev1.Hello, error) {
 	first, err := g.receiveHello(ctx, stream)
 	if err != nil {
-		g.m.hellos.WithLabelValues("refused").Inc()
+		g.helloRefused("refused", "no-hello")
 		return nil, err
 	}
 	hello := first.GetHello()
 	if hello == nil {
-		g.m.hellos.WithLabelValues("refused").Inc()
+		g.helloRefused("refused", "no-hello")
 		return nil, connect.NewError(connect.CodeInvalidArgument, errFirstNotHello)
 	}
 	if err := validateHello(hello); err != nil {
-		g.m.hellos.WithLabelValues("refused").Inc()
+		g.helloRefused("refused", "invalid")
 		return nil, connect.NewError(connect.CodeInvalidArgument, err)
 	}
 	// Before the admission token, the credential and any database access.
 	if g.bindsNodeID() {
 		cs, _ := ctx.Value(tlsStateKey{}).(*tls.ConnectionState)
 		if err := certNodeError(cs, hello.GetNodeId()); err != nil {
-			g.m.hellos.WithLabelValues("refused").Inc()
+			g.helloRefused("refused", "cert-node")
 			g.log.Warn("hello refused: node id not bound to the client certificate", "peer", stream.Peer().Addr, "err", err)
 			return nil, err
 		}
@@ -128,6 +131,85 @@ func (g *Gateway) readHello(ctx context.Context, stream *connect.BidiStream[node
 		return nil, g.refuse(stream, "daemon-version", versionRetryAfter(), connect.CodeFailedPrecondition, why)
 	}
 	return hello, nil
+}
+
+// helloRefused counts a Hello refused for good: outcome in
+// leasehold_gateway_hellos_total, reason in
+// leasehold_gateway_hello_refusals_total.
+func (g *Gateway) helloRefused(outcome, reason string) {
+	g.m.hellos.WithLabelValues(outcome).Inc()
+	g.m.helloRefusals.WithLabelValues(reason).Inc()
+}
+
+// authenticate checks the Hello's credential, and the kind and site the
+// node was registered with, before the Hello may spend anything the fleet
+// shares: the handshake bucket's token and a Hello transaction slot are
+// taken (admitHello) only by an authenticated node, so dials with bad
+// credentials, however many, never push back a good one.
+//
+// What such a dial can cost is bounded instead: a credential that is not
+// shaped like one is refused without the database, and the check itself,
+// one indexed read, runs under MaxPendingAuths. A Hello that finds every
+// check slot busy waits its turn (first come, first served) for up to
+// HelloTimeout rather than being pushed back, so a flood can delay a good
+// Hello by the checks queued ahead of it, never refuse it.
+func (g *Gateway) authenticate(ctx context.Context, stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse], h *nodev1.Hello) error {
+	if !credentialShaped(h.GetCredential()) {
+		g.helloRefused("unauthenticated", "credential-malformed")
+		return connect.NewError(connect.CodeUnauthenticated, errBadCredential)
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, g.cfg.HelloTimeout)
+	err := g.auths.Acquire(waitCtx, 1)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return connect.NewError(connect.CodeCanceled, errors.New("stream ended while its Hello waited for a credential check"))
+		}
+		return g.pushback(stream, "max-pending-auths", 500*time.Millisecond+rand.N(500*time.Millisecond), connect.CodeResourceExhausted)
+	}
+	// Detached from the stream, as the Hello transaction is: a client
+	// that vanishes mid-check does not cancel the read half-way.
+	verifyCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), helloWorkTimeout)
+	id, err := nodereg.Verify(verifyCtx, g.db, h.GetNodeId(), h.GetCredential())
+	cancel()
+	g.auths.Release(1)
+	if errors.Is(err, nodereg.ErrUnauthenticated) {
+		g.helloRefused("unauthenticated", "unauthenticated")
+		return connect.NewError(connect.CodeUnauthenticated, errBadCredential)
+	}
+	if err != nil {
+		g.m.hellos.WithLabelValues("error").Inc()
+		g.log.Warn("verify node credential", "node", h.GetNodeId(), "err", err)
+		return connect.NewError(connect.CodeUnavailable, errors.New("gateway cannot reach its database"))
+	}
+	if kindName(h.GetKind()) != id.Kind {
+		g.helloRefused("refused", "registration")
+		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("hello.kind %s does not match the registered kind %s", kindName(h.GetKind()), id.Kind))
+	}
+	if h.GetSiteId() != "" && h.GetSiteId() != id.SiteID {
+		g.helloRefused("refused", "registration")
+		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("hello.site_id %q does not match the registered site", h.GetSiteId()))
+	}
+	return nil
+}
+
+// credentialLen is the length of every credential nodeauth.NewCredential
+// issues: the prefix and 32 bytes in unpadded base64url.
+var credentialLen = len(nodeauth.Prefix) + base64.RawURLEncoding.EncodedLen(32)
+
+// credentialShaped reports whether c could be a credential
+// nodeauth.NewCredential issued, the only kind the database holds hashes
+// of; one that cannot is refused without a database read.
+func credentialShaped(c string) bool {
+	if len(c) != credentialLen || !strings.HasPrefix(c, nodeauth.Prefix) {
+		return false
+	}
+	return !strings.ContainsFunc(c[len(nodeauth.Prefix):], func(r rune) bool { return !base64URLRune(r) })
+}
+
+// base64URLRune reports whether r is in the base64url alphabet.
+func base64URLRune(r rune) bool {
+	return 'A' <= r && r <= 'Z' || 'a' <= r && r <= 'z' || '0' <= r && r <= '9' || r == '-' || r == '_'
 }
 
 // receiveError keeps a Connect error's code (e.g. RESOURCE_EXHAUSTED for an
@@ -223,28 +305,11 @@ type replay struct {
 	createdAt time.Time
 }
 
-// hello authenticates the node and, in one transaction fenced on the
-// gateway lease, bumps its session epoch, routes it here, marks it
-// connected and takes its in-flight commands for replay.
+// hello, for a node authenticate accepted, bumps its session epoch,
+// routes it here, marks it connected and takes its in-flight commands for
+// replay, in one transaction fenced on the gateway lease. A node revoked
+// since authenticate is refused UNAUTHENTICATED.
 func (g *Gateway) hello(ctx context.Context, stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse], h *nodev1.Hello) (*session, *nodev1.Welcome, []*nodev1.Command, error) {
-	id, err := nodereg.Verify(ctx, g.db, h.GetNodeId(), h.GetCredential())
-	if errors.Is(err, nodereg.ErrUnauthenticated) {
-		g.m.hellos.WithLabelValues("unauthenticated").Inc()
-		return nil, nil, nil, connect.NewError(connect.CodeUnauthenticated, errBadCredential)
-	}
-	if err != nil {
-		g.m.hellos.WithLabelValues("error").Inc()
-		g.log.Warn("verify node credential", "node", h.GetNodeId(), "err", err)
-		return nil, nil, nil, connect.NewError(connect.CodeUnavailable, errors.New("gateway cannot reach its database"))
-	}
-	if kindName(h.GetKind()) != id.Kind {
-		g.m.hellos.WithLabelValues("refused").Inc()
-		return nil, nil, nil, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("hello.kind %s does not match the registered kind %s", kindName(h.GetKind()), id.Kind))
-	}
-	if h.GetSiteId() != "" && h.GetSiteId() != id.SiteID {
-		g.m.hellos.WithLabelValues("refused").Inc()
-		return nil, nil, nil, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("hello.site_id %q does not match the registered site", h.GetSiteId()))
-	}
 	labels, err := json.Marshal(h.GetLabels())
 	if err != nil {
 		return nil, nil, nil, connect.NewError(connect.CodeInvalidArgument, err)
@@ -306,7 +371,7 @@ func (g *Gateway) hello(ctx context.Context, stream *connect.BidiStream[nodev1.C
 		return failUndeliverable(ctx, tx, g.id, failed)
 	})
 	if revoked {
-		g.m.hellos.WithLabelValues("unauthenticated").Inc()
+		g.helloRefused("unauthenticated", "unauthenticated")
 		return nil, nil, nil, connect.NewError(connect.CodeUnauthenticated, errBadCredential)
 	}
 	if err != nil {

@@ -11,6 +11,7 @@ type metrics struct {
 	sessions        prometheus.Gauge
 	hellos          *prometheus.CounterVec
 	pushbacks       *prometheus.CounterVec
+	helloRefusals   *prometheus.CounterVec
 	dispatched      prometheus.Counter
 	replayed        prometheus.Counter
 	dispatchLatency prometheus.Histogram
@@ -48,6 +49,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"outcome"}),
 		pushbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leasehold_gateway_pushbacks_total", Help: "Dials refused with a retry-after pushback, by limit.",
+		}, []string{"reason"}),
+		helloRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leasehold_gateway_hello_refusals_total", Help: "Hellos refused for good, by reason (no-hello, invalid, cert-node, credential-malformed, unauthenticated, registration); pushbacks are counted apart.",
 		}, []string{"reason"}),
 		dispatched: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "leasehold_gateway_commands_dispatched_total", Help: "Pending commands dispatched to nodes.",
@@ -120,7 +124,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.streams, m.sessions, m.hellos, m.pushbacks, m.dispatched, m.replayed, m.dispatchLatency, m.dispatchCall, m.windowFull, m.ingestBatch, m.ingestFlush,
 		m.fenceFailures, m.selfFences, m.zombies, m.renewLatency, m.results, m.events, m.specPushes)
-	reg.MustRegister(m.outputBytes, m.cancels)
+	reg.MustRegister(m.outputBytes, m.cancels, m.helloRefusals)
 	reg.MustRegister(m.tunnelsOpen, m.tunnelsOpened, m.tunnelsRefused, m.tunnelsIdle, m.tunnelBytes)
 	m.role = health.NewRoleGauge(reg, "gateway")
 	return m
