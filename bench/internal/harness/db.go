@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leasehold/leasehold/migrations"
+	"github.com/leasehold/leasehold/pkg/fleettest"
 	"github.com/leasehold/leasehold/pkg/nodeauth"
 	"github.com/leasehold/leasehold/pkg/pglocal"
 )
@@ -213,7 +214,9 @@ func RegisterNodes(ctx context.Context, db *pgxpool.Pool, prefix string, n int) 
 
 // FreeAddr returns a free loopback address.
 func FreeAddr() string {
-	port, err := pglocal.FreePort()
+	// fleettest's handout: outside the kernel's ephemeral range (which the
+	// members' own outgoing connections draw from) and never twice.
+	port, err := fleettest.FreePort()
 	if err != nil {
 		panic(err)
 	}
