@@ -3,7 +3,9 @@ package gateway
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -122,10 +124,18 @@ func dialWith(t testing.TB, hc *http.Client, baseURL string) *rawSession {
 	return s
 }
 
+// hello sends a Hello. A gateway that is not serving answers (a Pushback) and closes the
+// stream before it reads the Hello; the Send then returns io.EOF, which
+// connect-go documents as "the outcome is in Receive". hello returns nil
+// then, and the next recv reads the answer.
 func (s *rawSession) hello(nodeID, cred string, inFlight ...string) error {
-	return s.stream.Send(&nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_Hello{Hello: &nodev1.Hello{
+	err := s.stream.Send(&nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_Hello{Hello: &nodev1.Hello{
 		NodeId: nodeID, Credential: cred, Kind: nodev1.NodeKind_NODE_KIND_NODE, InFlightCommandIds: inFlight,
 	}}})
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	return err
 }
 
 // recv reads one message with a timeout.
