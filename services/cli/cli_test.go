@@ -197,6 +197,20 @@ func TestCLI(t *testing.T) {
 		r = e.run(t, "nodes", "ls", "-o", "yaml")
 		requireCode(t, r, 0)
 		requireContains(t, r.stdout, "nodes:\n  - id: node-0\n")
+		// -o wide adds where each session lives: the gateway, its epoch, the
+		// daemon's version and when the node was created (no pool here: "-").
+		r = e.run(t, "nodes", "ls", "-o", "wide")
+		requireCode(t, r, 0)
+		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		if len(lines) != 4 || !regexp.MustCompile(`^NODE +STATE +CORDONED +LABELS +LAST SEEN +POOL +GATEWAY +EPOCH +VERSION +CREATED$`).MatchString(lines[0]) {
+			t.Fatalf("nodes ls -o wide header or row count:\n%s", r.stdout)
+		}
+		row := regexp.MustCompile(`^node-[0-2] +connected +no +rack=r[12],role=(web|db) +\S+ +- +gw_cli +[1-9][0-9]* +v-test +\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d`)
+		for _, l := range lines[1:] {
+			if !row.MatchString(l) {
+				t.Fatalf("nodes ls -o wide row %q does not name the gateway, epoch, version and creation time:\n%s", l, r.stdout)
+			}
+		}
 		r = e.run(t, "nodes", "ls", "-l", "role=web,rack notin (r2)")
 		requireCode(t, r, 0)
 		golden(t, "nodes-ls-selector", normalizeTable(r.stdout))
