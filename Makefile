@@ -379,3 +379,29 @@ check-packages:
 check-packages-install:
 	@$(MAKE) --no-print-directory packages ARCH=amd64 VERSION='$(VERSION)'
 	deploy/nfpm/install-test.sh $(DIST)/leasehold-node_$(PKG_VERSION)_amd64.deb
+
+# ---- releases (deploy/release): what an operator downloads ----
+# VERSION must be given (make release VERSION=1.4.0): the default above is
+# `git describe`, which names no release. deploy/release/release.sh refuses
+# an empty or non-semantic VERSION, naming it.
+RELEASE_VERSION = $(if $(filter file undefined,$(origin VERSION)),,$(VERSION))
+CHECK_RELEASE_VERSION ?= 0.0.0-check
+
+.PHONY: release check-release release-images check-ts-pack
+
+## release: dist/ emptied, then static binaries for linux/amd64 and linux/arm64 of every service and the CLI, tar.gz per arch, leasehold-node .deb and .rpm, a CycloneDX SBOM per artifact, SHA256SUMS (VERSION=x.y.z required; deploy/README.md, "Releases")
+release:
+	@deploy/release/release.sh --version '$(RELEASE_VERSION)' --out $(DIST) --clean
+
+## check-release: a quick release for the host's arch into a temp dir (binaries and archive, no SBOM or package): each binary prints the version, SHA256SUMS verify
+check-release:
+	@set -e; out=$$(mktemp -d); trap 'rm -rf "$$out"' EXIT; \
+	deploy/release/release.sh --quick --version '$(CHECK_RELEASE_VERSION)' --arch $$(go env GOARCH) --out "$$out/dist"
+
+## release-images: multi-arch images (linux/amd64, linux/arm64) of the binaries in dist/ with docker buildx (deploy/release/Dockerfile), after make release VERSION=x.y.z; skipped with a message without a Docker engine; IMAGE_PUSH=1 pushes to IMAGE_REGISTRY
+release-images:
+	@DOCKER='$(DOCKER)' deploy/release/images.sh --version '$(RELEASE_VERSION)' --dir $(DIST) --registry '$(IMAGE_REGISTRY)' $(if $(filter 1,$(IMAGE_PUSH)),--push)
+
+## check-ts-pack: the TypeScript client packs as a publishable npm package (clean build, npm pack --dry-run, every entry point packed, nothing else)
+check-ts-pack:
+	@deploy/release/check-ts-pack.sh
