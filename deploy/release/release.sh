@@ -64,9 +64,9 @@ fi
 pkg_version=${version//-/\~}
 
 revision=${REVISION:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
-if [ -z "${REVISION:-}" ] && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+if [ -z "${REVISION:-}" ] && [ -n "$(git status --porcelain 2>/dev/null)" ]; then
 	revision+=-dirty
-	[ $quick = 1 ] || echo "release: warning: the working tree has uncommitted changes (revision $revision)" >&2
+	[ $quick = 1 ] || echo "release: warning: the working tree has uncommitted changes or untracked files (revision $revision)" >&2
 fi
 # Archive entries and package files carry the commit's time, not the build's.
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}
