@@ -331,7 +331,7 @@ test-pgbouncer: build
 FUZZTIME ?= 10s
 FUZZ_TARGETS := pkg/coord:FuzzValidateName pkg/coord:FuzzValidateTTL pkg/daemon:FuzzConnectResponse \
 	pkg/process:FuzzRun services/gateway/internal/gateway:FuzzConnectRequest \
-	services/gateway/internal/h2serve:FuzzServeConn \
+	services/gateway/internal/h2serve:FuzzServeConn services/gateway/internal/gateway:FuzzReleaseAgreesWithXModSemver \
 	services/site-agent/internal/pxe:FuzzHandlePacket services/site-agent/internal/tftp:FuzzParseRequest
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do dir=$${t%%:*}; name=$${t##*:}; \
