@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -20,7 +19,7 @@ import (
 // taking it again keeps its epoch.
 func ExampleTake() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, databaseURL())
+	pool, err := pgxpool.New(ctx, pgtest.ExampleURL())
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -60,7 +59,7 @@ func ExampleTake() {
 // gateway's own lease) and runs the writes made on its behalf fenced on it.
 func ExampleKeeper() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, databaseURL())
+	pool, err := pgxpool.New(ctx, pgtest.ExampleURL())
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -129,7 +128,7 @@ func ExampleKeeper() {
 // holder's transaction fails its fence and nothing of it commits.
 func ExampleRunFenced() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, databaseURL())
+	pool, err := pgxpool.New(ctx, pgtest.ExampleURL())
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -184,28 +183,3 @@ func ExampleRunFenced() {
 	// old holder's write refused: true
 	// config: v1
 }
-
-// databaseURL returns the URL of a fresh, migrated leasehold database on
-// this test binary's PostgreSQL (pkg/pgtest; TestMain calls pgtest.Main).
-// An example gets no *testing.T, so it stands in with exampleTB. In a real
-// program the URL comes from configuration (--database-url).
-func databaseURL() string {
-	t := &exampleTB{}
-	db := pgtest.NewDB(t)
-	for _, f := range t.cleanups {
-		f() // closes pgtest's own pool; the example opens its own
-	}
-	return db.URL
-}
-
-// exampleTB is the testing.TB pgtest needs, for an example: a failure
-// panics, which fails the example.
-type exampleTB struct {
-	testing.TB
-	cleanups []func()
-}
-
-func (*exampleTB) Helper()                   {}
-func (t *exampleTB) Cleanup(f func())        { t.cleanups = append(t.cleanups, f) }
-func (*exampleTB) Fatalf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
-func (*exampleTB) Fatal(a ...any)            { panic(fmt.Sprint(a...)) }

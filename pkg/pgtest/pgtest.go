@@ -180,11 +180,49 @@ func NewEmpty(t testing.TB) *DB {
 func newDB(t testing.TB, template string) *DB {
 	t.Helper()
 	s := Server(t)
+	db, err := createDB(s, template)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := pgdb.Connect(ctx, pgdb.Config{URL: db.URL, AppName: "pgtest", MaxConns: 20, Pooler: s.bouncer != nil})
+	if err != nil {
+		t.Fatalf("pgtest: connect: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	db.Pool = pool
+	return db
+}
+
+// ExampleURL is NewDB for an Example function, which has no *testing.T:
+// the URL of a fresh, migrated database on this test binary's server
+// (TestMain must call Main). It panics on failure, which fails the
+// example. In a real program the URL comes from configuration.
+func ExampleURL() string {
+	if !inMain.Load() {
+		panic("pgtest: the package's TestMain must call pgtest.Main(m)")
+	}
+	startOnce.Do(func() {
+		srv, startErr = start(context.Background())
+	})
+	if startErr != nil {
+		panic(fmt.Sprintf("pgtest: %v", startErr))
+	}
+	db, err := createDB(srv, templateDB)
+	if err != nil {
+		panic(fmt.Sprintf("pgtest: %v", err))
+	}
+	return db.URL
+}
+
+// createDB creates a database from template on s (no pool yet).
+func createDB(s *server, template string) (*DB, error) {
 	name := fmt.Sprintf("t_%d_%d", os.Getpid(), dbSeq.Add(1))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := s.exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+template); err != nil {
-		t.Fatalf("pgtest: create database: %v", err)
+		return nil, fmt.Errorf("create database: %w", err)
 	}
 	db := &DB{Name: name, URL: s.urlFor(name)}
 	db.DirectURL = db.URL
@@ -197,13 +235,7 @@ func newDB(t testing.TB, template string) *DB {
 		directFor[db.URL] = db.DirectURL
 		flagsMu.Unlock()
 	}
-	pool, err := pgdb.Connect(ctx, pgdb.Config{URL: db.URL, AppName: "pgtest", MaxConns: 20, Pooler: s.bouncer != nil})
-	if err != nil {
-		t.Fatalf("pgtest: connect: %v", err)
-	}
-	t.Cleanup(pool.Close)
-	db.Pool = pool
-	return db
+	return db, nil
 }
 
 // Server returns the binary's test server, starting it on first use.

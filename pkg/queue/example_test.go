@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,7 +21,7 @@ import (
 // run's writes and the key's deletion commit together or not at all.
 func Example() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, databaseURL())
+	pool, err := pgxpool.New(ctx, pgtest.ExampleURL())
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -99,7 +98,7 @@ func Example() {
 // (Rearmed) instead of deleting it, and the next claim runs it again.
 func ExampleComplete() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, databaseURL())
+	pool, err := pgxpool.New(ctx, pgtest.ExampleURL())
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -139,28 +138,3 @@ func ExampleComplete() {
 	// first run: rearmed
 	// second run: deleted
 }
-
-// databaseURL returns the URL of a fresh, migrated leasehold database on
-// this test binary's PostgreSQL (pkg/pgtest; TestMain calls pgtest.Main).
-// An example gets no *testing.T, so it stands in with exampleTB. In a real
-// program the URL comes from configuration (--database-url).
-func databaseURL() string {
-	t := &exampleTB{}
-	db := pgtest.NewDB(t)
-	for _, f := range t.cleanups {
-		f() // closes pgtest's own pool; the example opens its own
-	}
-	return db.URL
-}
-
-// exampleTB is the testing.TB pgtest needs, for an example: a failure
-// panics, which fails the example.
-type exampleTB struct {
-	testing.TB
-	cleanups []func()
-}
-
-func (*exampleTB) Helper()                   {}
-func (t *exampleTB) Cleanup(f func())        { t.cleanups = append(t.cleanups, f) }
-func (*exampleTB) Fatalf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
-func (*exampleTB) Fatal(a ...any)            { panic(fmt.Sprint(a...)) }
