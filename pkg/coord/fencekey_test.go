@@ -35,7 +35,7 @@ func TestRenewalDoesNotWaitForFencedWork(t *testing.T) {
 
 	tx, err := s.db.Begin(ctx)
 	require.NoError(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx) //nolint:errcheck // after a commit, or when the test already failed, there is nothing to report
 	require.NoError(t, coord.Fence(ctx, tx, l))
 
 	// With the fenced transaction still open, the renewal commits (under
@@ -63,7 +63,7 @@ func TestRenewerAcquireDoesNotWaitForFencedWork(t *testing.T) {
 
 	tx, err := s.db.Begin(ctx)
 	require.NoError(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx) //nolint:errcheck // after a commit, or when the test already failed, there is nothing to report
 	require.NoError(t, coord.Fence(ctx, tx, l))
 
 	// The renewal loop's statement (AcquireMany by the holder: same owner,
@@ -102,7 +102,7 @@ func TestReleaseStillWaitsForFencedWork(t *testing.T) {
 
 			tx, err := s.db.Begin(ctx)
 			require.NoError(t, err)
-			defer tx.Rollback(ctx) //nolint:errcheck
+			defer tx.Rollback(ctx) //nolint:errcheck // after a commit, or when the test already failed, there is nothing to report
 			require.NoError(t, coord.Fence(ctx, tx, l))
 
 			type released struct {
@@ -133,7 +133,7 @@ func TestReleaseStillWaitsForFencedWork(t *testing.T) {
 			// After the release a write fenced on the old holding fails.
 			tx2, err := s.db.Begin(ctx)
 			require.NoError(t, err)
-			defer tx2.Rollback(ctx) //nolint:errcheck
+			defer tx2.Rollback(ctx) //nolint:errcheck // after a commit, or when the test already failed, there is nothing to report
 			require.ErrorIs(t, coord.Fence(ctx, tx2, l), coord.ErrLeaseLost)
 		})
 	}
@@ -149,7 +149,7 @@ func TestTakeoverStillWaitsForFencedWork(t *testing.T) {
 
 	tx, err := s.db.Begin(ctx)
 	require.NoError(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx) //nolint:errcheck // after a commit, or when the test already failed, there is nothing to report
 	require.NoError(t, coord.Fence(ctx, tx, l))
 
 	// A renewal passes the open fenced transaction...

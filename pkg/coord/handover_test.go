@@ -23,7 +23,7 @@ func TestLockForHandoverReadsTheRow(t *testing.T) {
 
 	tx, err := s.db.Begin(ctx)
 	require.NoError(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx) //nolint:errcheck // after a commit, or when the test already failed, there is nothing to report
 	require.NoError(t, coord.Ensure(ctx, tx, "site:s1:boot"))
 	require.NoError(t, coord.Ensure(ctx, tx, "site:s1:boot"))
 	h, err := coord.LockForHandover(ctx, tx, "site:s1:boot")
@@ -41,7 +41,7 @@ func TestLockForHandoverReadsTheRow(t *testing.T) {
 	require.NoError(t, coord.Ensure(ctx, s.db, "site:s1:boot"))
 	tx, err = s.db.Begin(ctx)
 	require.NoError(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx) //nolint:errcheck // after a commit, or when the test already failed, there is nothing to report
 	h, err = coord.LockForHandover(ctx, tx, "site:s1:boot")
 	require.NoError(t, err)
 	require.Equal(t, "agent-1", h.Owner, "Ensure left the held row alone")
@@ -66,13 +66,13 @@ func TestLockForHandoverWaitsForFencedWork(t *testing.T) {
 
 	fenced, err := s.db.Begin(ctx)
 	require.NoError(t, err)
-	defer fenced.Rollback(ctx) //nolint:errcheck
+	defer fenced.Rollback(ctx) //nolint:errcheck // after a commit, or when the test already failed, there is nothing to report
 	require.NoError(t, coord.Fence(ctx, fenced, l))
 
 	locked := make(chan error, 1)
 	handover, err := s.db.Begin(ctx)
 	require.NoError(t, err)
-	defer handover.Rollback(ctx) //nolint:errcheck
+	defer handover.Rollback(ctx) //nolint:errcheck // after a commit, or when the test already failed, there is nothing to report
 	go func() {
 		_, err := coord.LockForHandover(ctx, handover, "site:s2:boot")
 		locked <- err
@@ -136,7 +136,7 @@ func TestFenceSiteBootVouchesOnlyForTheHolderAtItsEpoch(t *testing.T) {
 
 	tx, err := s.db.Begin(ctx)
 	require.NoError(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx) //nolint:errcheck // after a commit, or when the test already failed, there is nothing to report
 	require.True(t, vouch(t, tx, "agent-1", l.Epoch))
 	require.False(t, vouch(t, tx, "agent-1", l.Epoch+1), "another epoch")
 	require.False(t, vouch(t, tx, "agent-2", l.Epoch), "not the holder")
@@ -147,7 +147,7 @@ func TestFenceSiteBootVouchesOnlyForTheHolderAtItsEpoch(t *testing.T) {
 	require.Eventually(t, func() bool {
 		tx, err := s.db.Begin(ctx)
 		require.NoError(t, err)
-		defer tx.Rollback(ctx) //nolint:errcheck
+		defer tx.Rollback(ctx) //nolint:errcheck // after a commit, or when the test already failed, there is nothing to report
 		return !vouch(t, tx, "agent-1", l.Epoch)
 	}, 10*time.Second, 20*time.Millisecond, "an expired lease vouches for nobody")
 }
@@ -168,7 +168,7 @@ func TestFenceSiteBootHoldsOffAPromotion(t *testing.T) {
 
 	report, err := s.db.Begin(ctx)
 	require.NoError(t, err)
-	defer report.Rollback(ctx) //nolint:errcheck
+	defer report.Rollback(ctx) //nolint:errcheck // after a commit, or when the test already failed, there is nothing to report
 	require.True(t, vouch(t, report, "agent-1", l.Epoch))
 
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -179,7 +179,7 @@ func TestFenceSiteBootHoldsOffAPromotion(t *testing.T) {
 
 	handover, err := s.db.Begin(ctx)
 	require.NoError(t, err)
-	defer handover.Rollback(ctx) //nolint:errcheck
+	defer handover.Rollback(ctx) //nolint:errcheck // after a commit, or when the test already failed, there is nothing to report
 	locked := make(chan error, 1)
 	go func() {
 		_, err := coord.LockForHandover(ctx, handover, name)
@@ -198,7 +198,7 @@ func TestFenceSiteBootHoldsOffAPromotion(t *testing.T) {
 	require.True(t, ok)
 	report, err = s.db.Begin(ctx)
 	require.NoError(t, err)
-	defer report.Rollback(ctx) //nolint:errcheck
+	defer report.Rollback(ctx) //nolint:errcheck // after a commit, or when the test already failed, there is nothing to report
 	require.True(t, vouch(t, report, "agent-1", l.Epoch))
 	require.Eventually(t, func() bool {
 		var expired bool

@@ -62,6 +62,6 @@ func Serve(ctx context.Context, srv *http.Server, ln net.Listener, name string, 
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	_ = srv.Shutdown(shutdownCtx)
-	<-errc //nolint:errcheck // after Shutdown, Serve returns http.ErrServerClosed
+	<-errc // after Shutdown, Serve returns http.ErrServerClosed: nothing to report
 	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -98,7 +97,7 @@ func (b *bench) run(ctx context.Context) (*result, error) {
 		if b.rv, err = b.srv.CreateDatabase(ctx, "river"); err != nil {
 			return nil, err
 		}
-		migrator, err := rivermigrate.New(riverpgxv5.New(b.rv.Pool), &rivermigrate.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		migrator, err := rivermigrate.New(riverpgxv5.New(b.rv.Pool), &rivermigrate.Config{Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			return nil, err
 		}

@@ -554,7 +554,7 @@ func riverRun(ctx context.Context, c config, srv *harness.Server, sup *harness.S
 		return m, err
 	}
 	defer db.Drop()
-	migrator, err := rivermigrate.New(riverpgxv5.New(db.Pool), &rivermigrate.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	migrator, err := rivermigrate.New(riverpgxv5.New(db.Pool), &rivermigrate.Config{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return m, err
 	}
@@ -587,7 +587,7 @@ func riverRun(ctx context.Context, c config, srv *harness.Server, sup *harness.S
 		return m, fmt.Errorf("riverclient did not start: %s", p.Tail())
 	}
 	// An insert-only client in this process, like the leasehold producer.
-	client, err := river.NewClient(riverpgxv5.New(db.Pool), &river.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	client, err := river.NewClient(riverpgxv5.New(db.Pool), &river.Config{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return m, err
 	}

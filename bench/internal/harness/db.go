@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/url"
 	"os"
@@ -104,7 +103,7 @@ func (s *Server) CreateDatabase(ctx context.Context, prefix string) (*Database, 
 	}
 	u.Path = "/" + name
 	d := &Database{Name: name, URL: u.String(), srv: s}
-	if _, err := migrations.UpURL(ctx, d.URL, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	if _, err := migrations.UpURL(ctx, d.URL, slog.New(slog.DiscardHandler)); err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
 	cfg, err := pgxpool.ParseConfig(d.URL)

@@ -21,8 +21,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/leasehold/leasehold/pkg/relaytoken"
-
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5"
 
@@ -30,6 +28,7 @@ import (
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	relayv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/relay/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/relay/v1/relayv1connect"
+	"github.com/leasehold/leasehold/pkg/relaytoken"
 )
 
 // maxTunnelChunk is the most bytes a caller may send in one tunnel message.

@@ -14,9 +14,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
-
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
+	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
 )
 
 // envClients switches the test binary into the idle-session client of

@@ -24,7 +24,7 @@ func explainDispatch(t *testing.T, db *pgtest.DB, sql string, args ...any) planC
 	ctx := context.Background()
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx) //nolint:errcheck // after a commit, or when the test already failed, there is nothing to report
 	c := planCost{Plan: pgtest.Explain(t, tx, sql, args...)}
 	// What the call dispatched, seen inside the transaction (rolled back).
 	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM commands WHERE state = 'dispatched'").Scan(&c.rows))
@@ -123,7 +123,7 @@ func dumpPlan(t *testing.T, db *pgtest.DB, gw string, ids []string, epochs []int
 	ctx := context.Background()
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx) //nolint:errcheck // after a commit, or when the test already failed, there is nothing to report
 	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+dispatchSQL, gw, ids, epochs, lims, batch)
 	require.NoError(t, err)
 	for rows.Next() {

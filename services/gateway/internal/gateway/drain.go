@@ -9,12 +9,11 @@ import (
 	"math/rand/v2"
 	"time"
 
-	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
-
 	"connectrpc.com/connect"
 	"connectrpc.com/grpchealth"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
 )
 

@@ -16,11 +16,10 @@ import (
 	"net"
 	"net/http"
 
-	"github.com/leasehold/leasehold/pkg/relaytoken"
-
 	"connectrpc.com/connect"
 
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/relay/v1/relayv1connect"
+	"github.com/leasehold/leasehold/pkg/relaytoken"
 )
 
 // publishRelaySQL records the relay address, fenced on the gateway lease.
