@@ -22,6 +22,7 @@ type Proxy struct {
 	targets []string
 
 	refuse    atomic.Bool
+	refused   atomic.Int64 // connections closed at once while refusing
 	blackhole atomic.Bool
 	latency   atomic.Int64 // nanoseconds added to each forwarded chunk
 
@@ -67,6 +68,10 @@ func (p *Proxy) Blackhole() { p.blackhole.Store(true) }
 // Refuse closes new connections at once (the host is down).
 func (p *Proxy) Refuse() { p.refuse.Store(true) }
 
+// Refused counts the connections Refuse has closed since the proxy
+// started: a test waits on it to see a client's attempts fail.
+func (p *Proxy) Refused() int64 { return p.refused.Load() }
+
 // Restore clears blackhole, refusal and latency.
 func (p *Proxy) Restore() {
 	p.blackhole.Store(false)
@@ -111,6 +116,7 @@ func (p *Proxy) accept() {
 		}
 		if p.refuse.Load() {
 			_ = c.Close()
+			p.refused.Add(1)
 			continue
 		}
 		p.wg.Add(1)

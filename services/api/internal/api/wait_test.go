@@ -49,8 +49,8 @@ func TestWaiterRidesThroughAnOutage(t *testing.T) {
 	proxy.Refuse()
 	proxy.CutAll()
 	require.Eventually(t, func() bool { return !w.listening.Load() }, 10*time.Second, 5*time.Millisecond, "the lost session is noticed")
-	// Down for a few reconnect attempts (one a second).
-	time.Sleep(2500 * time.Millisecond)
+	// Down for a few reconnect attempts (one a second), each seen refused.
+	require.Eventually(t, func() bool { return proxy.Refused() >= 2 }, 15*time.Second, 5*time.Millisecond, "the waiter keeps trying")
 	require.False(t, w.listening.Load(), "no session while the database refuses")
 
 	proxy.Restore()
