@@ -16,6 +16,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"regexp"
+	"strings"
 )
 
 // Prefix starts every credential, so a leaked one is recognisable.
@@ -48,9 +49,32 @@ func Hash(credential string) []byte {
 	return h[:]
 }
 
+// credentialBytes is the random part of a credential, before encoding.
+const credentialBytes = 32
+
+// credentialLen is the length of every credential NewCredential issues:
+// the prefix and credentialBytes in unpadded base64url.
+var credentialLen = len(Prefix) + base64.RawURLEncoding.EncodedLen(credentialBytes)
+
+// WellFormed reports whether c could be a credential NewCredential issued
+// (the prefix, then exactly the base64url encoding of credentialBytes), the
+// only kind the database holds hashes of: one that cannot be is refused
+// without a database read.
+func WellFormed(c string) bool {
+	if len(c) != credentialLen || !strings.HasPrefix(c, Prefix) {
+		return false
+	}
+	return !strings.ContainsFunc(c[len(Prefix):], func(r rune) bool { return !base64URLRune(r) })
+}
+
+// base64URLRune reports whether r is in the base64url alphabet.
+func base64URLRune(r rune) bool {
+	return 'A' <= r && r <= 'Z' || 'a' <= r && r <= 'z' || '0' <= r && r <= '9' || r == '-' || r == '_'
+}
+
 // NewCredential returns a fresh random credential.
 func NewCredential() (string, error) {
-	b := make([]byte, 32)
+	b := make([]byte, credentialBytes)
 	if _, err := rand.Read(b); err != nil {
 		return "", fmt.Errorf("generate credential: %w", err)
 	}

@@ -246,13 +246,3 @@ func TestHelloRefusalsByReason(t *testing.T) {
 func helloMsg(h *nodev1.Hello) *nodev1.ConnectRequest {
 	return &nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_Hello{Hello: h}}
 }
-
-func TestCredentialShaped(t *testing.T) {
-	t.Parallel()
-	c, err := nodeauth.NewCredential()
-	require.NoError(t, err)
-	require.True(t, credentialShaped(c), c)
-	for _, bad := range []string{"", nodeauth.Prefix, c[:len(c)-1], c + "A", "lhx_" + c[4:], c[:10] + "+" + c[11:], c[:10] + "=" + c[11:], c[:10] + "\x00" + c[11:]} {
-		require.False(t, credentialShaped(bad), "%q", bad)
-	}
-}

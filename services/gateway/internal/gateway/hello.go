@@ -9,7 +9,6 @@ package gateway
 import (
 	"context"
 	"crypto/tls"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -154,7 +153,7 @@ func (g *Gateway) helloRefused(outcome, reason string) {
 // HelloTimeout rather than being pushed back, so a flood can delay a good
 // Hello by the checks queued ahead of it, never refuse it.
 func (g *Gateway) authenticate(ctx context.Context, stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse], h *nodev1.Hello) error {
-	if !credentialShaped(h.GetCredential()) {
+	if !nodeauth.WellFormed(h.GetCredential()) {
 		g.helloRefused("unauthenticated", "credential-malformed")
 		return connect.NewError(connect.CodeUnauthenticated, errBadCredential)
 	}
@@ -191,25 +190,6 @@ func (g *Gateway) authenticate(ctx context.Context, stream *connect.BidiStream[n
 		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("hello.site_id %q does not match the registered site", h.GetSiteId()))
 	}
 	return nil
-}
-
-// credentialLen is the length of every credential nodeauth.NewCredential
-// issues: the prefix and 32 bytes in unpadded base64url.
-var credentialLen = len(nodeauth.Prefix) + base64.RawURLEncoding.EncodedLen(32)
-
-// credentialShaped reports whether c could be a credential
-// nodeauth.NewCredential issued, the only kind the database holds hashes
-// of; one that cannot is refused without a database read.
-func credentialShaped(c string) bool {
-	if len(c) != credentialLen || !strings.HasPrefix(c, nodeauth.Prefix) {
-		return false
-	}
-	return !strings.ContainsFunc(c[len(nodeauth.Prefix):], func(r rune) bool { return !base64URLRune(r) })
-}
-
-// base64URLRune reports whether r is in the base64url alphabet.
-func base64URLRune(r rune) bool {
-	return 'A' <= r && r <= 'Z' || 'a' <= r && r <= 'z' || '0' <= r && r <= '9' || r == '-' || r == '_'
 }
 
 // receiveError keeps a Connect error's code (e.g. RESOURCE_EXHAUSTED for an
