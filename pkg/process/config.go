@@ -20,10 +20,6 @@ import (
 	"github.com/leasehold/leasehold/pkg/pgdb"
 )
 
-// EnvPrefix is lifecycle.EnvPrefix: flag "database-url" is
-// LEASEHOLD_DATABASE_URL.
-const EnvPrefix = lifecycle.EnvPrefix
-
 // Config is what every service process with a database needs: the common
 // configuration of pkg/lifecycle (health server, logging, graceful stop,
 // ID) and the database's.
@@ -129,10 +125,3 @@ func (c *Config) NotifyURL() string {
 	}
 	return c.DatabaseURL
 }
-
-// ApplyEnv is lifecycle.ApplyEnv: it sets every flag of fs not given on the
-// command line from its LEASEHOLD_* environment variable.
-func ApplyEnv(fs *flag.FlagSet) error { return lifecycle.ApplyEnv(fs) }
-
-// EnvName is lifecycle.EnvName: the environment variable of flag name.
-func EnvName(name string) string { return lifecycle.EnvName(name) }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/grafana/dskit/services"
 
+	"github.com/leasehold/leasehold/pkg/lifecycle"
 	"github.com/leasehold/leasehold/pkg/process"
 	"github.com/leasehold/leasehold/pkg/reconcile"
 )
@@ -50,7 +51,7 @@ func FuzzRun(f *testing.F) {
 	cancel()
 	f.Fuzz(func(t *testing.T, args, envName, envValue string) {
 		if envName != "" {
-			name := process.EnvName(strings.ToLower(envName))
+			name := lifecycle.EnvName(strings.ToLower(envName))
 			if strings.ContainsAny(name, "=\x00") || strings.ContainsRune(envValue, 0) {
 				return
 			}

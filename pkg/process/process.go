@@ -6,8 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"time"
 
@@ -99,18 +97,6 @@ func Run(ctx context.Context, spec Spec, args []string, stderr *os.File) int {
 			return spec.Build(ctx, p)
 		},
 	}, args, stderr)
-}
-
-// NewLogger is lifecycle.NewLogger: a slog logger writing level and format
-// to w.
-func NewLogger(w *os.File, level, format string) *slog.Logger {
-	return lifecycle.NewLogger(w, level, format)
-}
-
-// Serve is lifecycle.Serve: srv on ln until ctx ends, then a graceful
-// shutdown within grace.
-func Serve(ctx context.Context, srv *http.Server, ln net.Listener, name string, grace time.Duration) error {
-	return lifecycle.Serve(ctx, srv, ln, name, grace)
 }
 
 // open starts tracing, connects the pool, checks (or migrates) the schema

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/leasehold/leasehold/pkg/buildinfo"
+	"github.com/leasehold/leasehold/pkg/lifecycle"
 	"github.com/leasehold/leasehold/pkg/pglocal"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 	"github.com/leasehold/leasehold/pkg/process"
@@ -74,7 +75,7 @@ func TestRunMigratesServesHealthAndStops(t *testing.T) {
 	code, body := get(t, "http://"+addr+"/metrics", "")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, "go_goroutines")
-	require.Contains(t, body, process.BuildInfoMetric+`{goversion="`+buildinfo.Get().GoVersion+`",revision="`+buildinfo.Get().Revision+`",version="`+buildinfo.Version()+`"} 1`)
+	require.Contains(t, body, lifecycle.BuildInfoMetric+`{goversion="`+buildinfo.Get().GoVersion+`",revision="`+buildinfo.Get().Revision+`",version="`+buildinfo.Version()+`"} 1`)
 	code, _ = get(t, "http://"+addr+"/healthz/detail", "")
 	require.Equal(t, http.StatusUnauthorized, code)
 	code, _ = get(t, "http://"+addr+"/healthz/detail", "wrong")
@@ -142,11 +143,11 @@ func TestRunRefusesDatabaseNewerThanBinary(t *testing.T) {
 
 func TestEnvFallback(t *testing.T) {
 	t.Setenv("LEASEHOLD_LOG_LEVEL", "debug")
-	require.Equal(t, "LEASEHOLD_DATABASE_URL", process.EnvName("database-url"))
+	require.Equal(t, "LEASEHOLD_DATABASE_URL", lifecycle.EnvName("database-url"))
 	var cfg process.Config
 	fs := newFlagSet(&cfg)
 	require.NoError(t, fs.Parse([]string{"--log-format", "text"}))
-	require.NoError(t, process.ApplyEnv(fs))
+	require.NoError(t, lifecycle.ApplyEnv(fs))
 	require.Equal(t, "debug", cfg.LogLevel)
 	require.Equal(t, "text", cfg.LogFormat)
 }

@@ -32,8 +32,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/leasehold/leasehold/migrations"
+	"github.com/leasehold/leasehold/pkg/lifecycle"
 	"github.com/leasehold/leasehold/pkg/pglocal"
-	"github.com/leasehold/leasehold/pkg/process"
 )
 
 const devToken = "dev-health-token"
@@ -75,10 +75,10 @@ func main() {
 	for _, p := range []*portFlag{&o.pgPort, &o.apiPort, &o.gatewayPort, &o.healthBase} {
 		p.register(flag.CommandLine)
 	}
-	showVersion := process.RegisterVersionFlag(flag.CommandLine)
+	showVersion := lifecycle.RegisterVersionFlag(flag.CommandLine)
 	flag.Parse()
 	if *showVersion {
-		process.PrintVersion(os.Stdout, "devstack")
+		lifecycle.PrintVersion(os.Stdout, "devstack")
 		return
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))

@@ -15,8 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/leasehold/leasehold/pkg/lifecycle"
 	"github.com/leasehold/leasehold/pkg/pgdb"
-	"github.com/leasehold/leasehold/pkg/process"
 	"github.com/leasehold/leasehold/services/doctor/internal/doctor"
 	"github.com/leasehold/leasehold/services/doctor/internal/serve"
 )
@@ -54,13 +54,13 @@ func Main(ctx context.Context, args []string, stdout, stderr *os.File) int {
 		switch strings.TrimLeft(args[0], "-") {
 		case "h", "help":
 			cmd = "help"
-		case process.VersionFlag:
+		case lifecycle.VersionFlag:
 			cmd = "version"
 		}
 	}
 	switch cmd {
 	case "version":
-		process.PrintVersion(stdout, "doctor")
+		lifecycle.PrintVersion(stdout, "doctor")
 		return exitOK
 	case "check":
 		return check(ctx, args, stdout, stderr)
@@ -120,7 +120,7 @@ func check(ctx context.Context, args []string, stdout, stderr *os.File) int {
 	fs := flag.NewFlagSet("leasehold-doctor check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	c.register(fs)
-	showVersion := process.RegisterVersionFlag(fs)
+	showVersion := lifecycle.RegisterVersionFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
@@ -128,14 +128,14 @@ func check(ctx context.Context, args []string, stdout, stderr *os.File) int {
 		return exitUsage
 	}
 	if *showVersion {
-		process.PrintVersion(stdout, "doctor")
+		lifecycle.PrintVersion(stdout, "doctor")
 		return exitOK
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "leasehold-doctor check: unexpected arguments %q\n", fs.Args())
 		return exitUsage
 	}
-	if err := process.ApplyEnv(fs); err != nil {
+	if err := lifecycle.ApplyEnv(fs); err != nil {
 		fmt.Fprintf(stderr, "leasehold-doctor: %v\n", err)
 		return exitUsage
 	}

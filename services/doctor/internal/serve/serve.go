@@ -24,6 +24,7 @@ import (
 	doctorv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/doctor/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/doctor/v1/doctorv1connect"
 	"github.com/leasehold/leasehold/pkg/health"
+	"github.com/leasehold/leasehold/pkg/lifecycle"
 	"github.com/leasehold/leasehold/pkg/process"
 	"github.com/leasehold/leasehold/services/doctor/internal/doctor"
 )
@@ -249,5 +250,5 @@ func newAPIServer(addr string, h http.Handler, logger *slog.Logger) (*apiServer,
 }
 
 func (s *apiServer) running(ctx context.Context) error {
-	return process.Serve(ctx, s.srv, s.ln, "DoctorService server", 5*time.Second)
+	return lifecycle.Serve(ctx, s.srv, s.ln, "DoctorService server", 5*time.Second)
 }

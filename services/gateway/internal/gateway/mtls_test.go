@@ -17,9 +17,9 @@ import (
 
 	"github.com/leasehold/leasehold/pkg/daemon"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
+	"github.com/leasehold/leasehold/pkg/lifecycle"
 	"github.com/leasehold/leasehold/pkg/nodeauth"
 	"github.com/leasehold/leasehold/pkg/pgtest"
-	"github.com/leasehold/leasehold/pkg/process"
 	"github.com/leasehold/leasehold/pkg/tlstest"
 )
 
@@ -180,11 +180,11 @@ func TestBindNodeIDFlag(t *testing.T) {
 		fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 		c.RegisterFlags("", fs)
 		require.NoError(t, fs.Parse(args))
-		require.NoError(t, process.ApplyEnv(fs))
+		require.NoError(t, lifecycle.ApplyEnv(fs))
 		return c
 	}
 	require.False(t, parse("--gateway.tls-bind-node-id=false").TLSBindNodeID)
-	t.Setenv(process.EnvName("gateway.tls-bind-node-id"), "false")
-	require.Equal(t, "LEASEHOLD_GATEWAY_TLS_BIND_NODE_ID", process.EnvName("gateway.tls-bind-node-id"))
+	t.Setenv(lifecycle.EnvName("gateway.tls-bind-node-id"), "false")
+	require.Equal(t, "LEASEHOLD_GATEWAY_TLS_BIND_NODE_ID", lifecycle.EnvName("gateway.tls-bind-node-id"))
 	require.False(t, parse().TLSBindNodeID)
 }
