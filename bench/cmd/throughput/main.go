@@ -29,7 +29,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -333,18 +332,10 @@ func (m *measurement) measure(ctx context.Context, c config, srv *harness.Server
 	if err != nil {
 		return err
 	}
-	m.Load = loadAvg()
+	m.Load = harness.LoadAvg()
 	m.Created, m.CreatedPS, m.Completed, m.CompletedPS = created, cps, done, float64(done)/c.window.Seconds()
 	m.perCommand(c0, c1)
 	return nil
-}
-
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	return strings.Join(strings.Fields(string(b))[:3], " ")
 }
 
 // gatewayHistograms sums histogram name over the fleet's gateways.
@@ -431,7 +422,7 @@ func leasehold(ctx context.Context, c config, srv *harness.Server, sup *harness.
 	if err != nil {
 		return m, nil, dir, err
 	}
-	m.Load = loadAvg()
+	m.Load = harness.LoadAvg()
 	m.Created, m.CreatedPS, m.Completed, m.CompletedPS = created, cps, done, float64(done)/c.window.Seconds()
 	m.perCommand(c0, c1)
 	m.costliest(ctx, f.DB)
@@ -480,35 +471,18 @@ func startNodes(ctx context.Context, c config, sup *harness.Supervisor, address 
 	if err != nil {
 		return nil, nil, err
 	}
-	bin := filepath.Join(dir, "nodesim")
-	if err := harness.GoBuild(filepath.Join(harness.RepoRoot(), "bench", "cmd", "nodesim"), bin); err != nil {
-		os.RemoveAll(dir)
-		return nil, nil, err
-	}
-	var lines strings.Builder
-	for i := range ids {
-		fmt.Fprintf(&lines, "%s %s\n", ids[i], creds[i])
-	}
-	nodesFile := filepath.Join(dir, "nodes")
-	if err := os.WriteFile(nodesFile, []byte(lines.String()), 0o600); err != nil {
-		os.RemoveAll(dir)
-		return nil, nil, err
-	}
-	var n atomic.Int64
-	p, err := sup.StartLines("nodesim", bin, nil, func(l string) {
-		if v, ok := strings.CutPrefix(l, "CONNECTED "); ok {
-			if k, err := strconv.Atoi(v); err == nil {
-				n.Store(int64(k))
-			}
-		}
-	}, "-address", address, "-nodes", nodesFile, "-hello-rate", fmt.Sprint(rate))
+	bin, err := fleet.BuildNodesim(dir)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, nil, err
 	}
-	return func() int { return int(n.Load()) }, func() {
-		_ = p.Signal(syscall.SIGTERM)
-		p.Wait(30 * time.Second)
+	np, err := fleet.StartNodeProcess(sup, bin, "nodesim", dir, address, ids, creds, rate)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	return np.Connected, func() {
+		np.Stop()
 		os.RemoveAll(dir)
 	}, nil
 }
@@ -534,7 +508,7 @@ SELECT 'node-' || (i % $1), 'bench.echo', 'x' FROM generate_series(1, $2) AS i`,
 		_ = poll(ctx, c.backlogDrain, func() bool { return count() >= before+int64(r*n) })
 	}
 	bl.DrainSeconds = time.Since(start).Seconds()
-	bl.Load = loadAvg()
+	bl.Load = harness.LoadAvg()
 	bl.Unfinished = before + int64(rounds*n) - count()
 	bl.DrainedPS = float64(int64(rounds*n)-bl.Unfinished) / bl.DrainSeconds
 	dc := gatewayHistograms(ctx, f, dispatchCallMetric).sub(dc0)
