@@ -3,7 +3,8 @@
 // not share one Go scheduler, as River's worker (cmd/riverclient) has a
 // process of its own. It reads one "id credential" line per node from
 // -nodes, dials -address, prints "CONNECTED <n>" whenever the number of
-// nodes with an open session changes, and runs until SIGTERM.
+// nodes with an open session changes, and runs until SIGTERM. It raises its
+// RLIMIT_NOFILE first (-nofile): every node holds a connection.
 package main
 
 import (
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/bench/internal/fleet"
+	"github.com/leasehold/leasehold/bench/internal/harness"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 )
 
@@ -25,10 +27,16 @@ func main() {
 	address := flag.String("address", "", "gateway (or load balancer) URL, e.g. http://127.0.0.1:9443")
 	nodesPath := flag.String("nodes", "", `file with one "id credential" line per node`)
 	rate := flag.Int("hello-rate", 200, "nodes started per second")
+	nofile := flag.Uint64("nofile", 65536, "raise RLIMIT_NOFILE to this (one descriptor per node)")
 	flag.Parse()
 	if *address == "" || *nodesPath == "" {
 		fmt.Fprintln(os.Stderr, "nodesim: -address and -nodes are required")
 		os.Exit(2)
+	}
+	if n, err := harness.RaiseNoFile(*nofile); err != nil {
+		fmt.Fprintln(os.Stderr, "nodesim: raise RLIMIT_NOFILE:", err)
+	} else if n < *nofile {
+		fmt.Fprintf(os.Stderr, "nodesim: RLIMIT_NOFILE is %d, not %d\n", n, *nofile)
 	}
 	if err := run(*address, *nodesPath, *rate); err != nil {
 		fmt.Fprintln(os.Stderr, "nodesim:", err)
