@@ -283,6 +283,13 @@ bench-throughput:
 	@mkdir -p $(BENCH_RESULTS)
 	cd bench && go run ./cmd/throughput -json $(BENCH_RESULTS)/throughput.json
 
+## bench-scale: PostgreSQL's cost of 1,000/5,000/10,000 idle nodes and of one command per node per minute; nodes per primary
+.PHONY: bench-scale
+bench-scale:
+	@$(BENCH_HAPROXY)
+	@mkdir -p $(BENCH_RESULTS)
+	cd bench && go run ./cmd/scale -json $(BENCH_RESULTS)/scale.json
+
 ## bench-node: the real leasehold-node against its targets: idle RSS and CPU, exec /bin/true
 ## create-to-done (p50/p90/p99 and its phases), 100 MiB of live output to a live reader at the
 ## default and raised output caps. NODE_BENCH_ARGS passes flags (e.g. -idle 10s -execs 50).
