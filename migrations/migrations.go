@@ -129,6 +129,30 @@ func Up(ctx context.Context, db *sql.DB, logger *slog.Logger) (Status, error) {
 	return status(ctx, p)
 }
 
+// UpTo applies the pending migrations up to and including version and
+// returns the resulting status: a staged upgrade, and the tests that show
+// a release working against the schema of the next one. It refuses a
+// database newer than the binary, as Up does.
+func UpTo(ctx context.Context, db *sql.DB, version int64, logger *slog.Logger) (Status, error) {
+	p, err := newProvider(db, true)
+	if err != nil {
+		return Status{}, err
+	}
+	if _, err := status(ctx, p); err != nil {
+		return Status{}, err
+	}
+	results, err := p.UpTo(ctx, version)
+	if err != nil {
+		return Status{}, fmt.Errorf("apply migrations up to %d: %w", version, err)
+	}
+	for _, r := range results {
+		if logger != nil {
+			logger.Info("migration applied", "version", r.Source.Version, "path", r.Source.Path, "duration", r.Duration)
+		}
+	}
+	return status(ctx, p)
+}
+
 // UpURL is Up on a fresh connection to url, closed on return.
 func UpURL(ctx context.Context, url string, logger *slog.Logger) (Status, error) {
 	db, err := Open(url)

@@ -23,16 +23,16 @@ func TestCreateCommandIdempotencyKey(t *testing.T) {
 	testIdempotencyKey(t, setup(t))
 }
 
-// TestCreateCommandIdempotencyKeyOnPartialIndex: the same behaviour when
-// the unique constraint is replaced by a partial unique index over keyed
-// commands only, the schema a later migration moves to; the api's insert
-// must work on both, so the two can be upgraded in either order.
-func TestCreateCommandIdempotencyKeyOnPartialIndex(t *testing.T) {
+// TestCreateCommandIdempotencyKeyOnTheConstraint: the same behaviour on
+// the schema before the idempotency index became partial (a unique
+// constraint over every command); the api's insert must work on both, so
+// the api and the migration can be upgraded in either order.
+func TestCreateCommandIdempotencyKeyOnTheConstraint(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	_, err := b.db.Pool.Exec(ctxT(t), `
-ALTER TABLE commands DROP CONSTRAINT commands_node_id_idempotency_key_key;
-CREATE UNIQUE INDEX commands_idempotency_idx ON commands (node_id, idempotency_key) WHERE idempotency_key IS NOT NULL`)
+DROP INDEX commands_idempotency_idx;
+ALTER TABLE commands ADD CONSTRAINT commands_node_id_idempotency_key_key UNIQUE (node_id, idempotency_key)`)
 	require.NoError(t, err)
 	testIdempotencyKey(t, b)
 }
