@@ -67,7 +67,7 @@ func failoverUnderLoad(t *testing.T, syncRep bool) {
 	holders := fleettest.WatchHolders(db)
 	load := startLoad(t, db, "fcmd", ids, 20*time.Millisecond)
 	require.Eventually(t, func() bool {
-		n, err := queryInt(db, `SELECT count(*) FROM command_results`)
+		n, err := queryInt(db, `SELECT count(*) FROM command_results_all`)
 		return err == nil && n >= 50
 	}, 30*time.Second, 50*time.Millisecond)
 

@@ -80,7 +80,7 @@ func TestDatabaseOutageRecoversInPlace(t *testing.T) {
 	}, 30*time.Second, 50*time.Millisecond, "the workers hold every controller shard before the outage")
 	load := startLoad(t, db.Pool, "ocmd", ids, 20*time.Millisecond)
 	require.Eventually(t, func() bool {
-		n, err := queryInt(db.Pool, `SELECT count(*) FROM command_results`)
+		n, err := queryInt(db.Pool, `SELECT count(*) FROM command_results_all`)
 		return err == nil && n >= 50
 	}, 30*time.Second, 50*time.Millisecond)
 	before := readLeases(t, db.Pool)

@@ -77,12 +77,12 @@ func TestDatabaseRestartUnderLoad(t *testing.T) {
 		mode := map[bool]string{false: "fast", true: "immediate"}[immediate]
 		// Let results accumulate, then snapshot what is acknowledged.
 		require.Eventually(t, func() bool {
-			n, err := queryInt(db.Pool, `SELECT count(*) FROM command_results`)
+			n, err := queryInt(db.Pool, `SELECT count(*) FROM command_results_all`)
 			return err == nil && n >= 50
 		}, 30*time.Second, 50*time.Millisecond)
 		results := map[string]string{}
 		require.NoError(t, pgxRetry(func() error {
-			rows, err := db.Pool.Query(ctx, `SELECT r.command_id, r.id FROM command_results r JOIN commands c ON c.id = r.command_id WHERE c.state = 'succeeded'`)
+			rows, err := db.Pool.Query(ctx, `SELECT r.command_id, r.id FROM command_results_all r JOIN commands c ON c.id = r.command_id WHERE c.state = 'succeeded'`)
 			if err != nil {
 				return err
 			}
@@ -120,7 +120,7 @@ func TestDatabaseRestartUnderLoad(t *testing.T) {
 		for time.Now().Before(deadline) && (len(renewed) < 4 || firstResult == 0) {
 			if firstResult == 0 {
 				var first *time.Time
-				if err := db.Pool.QueryRow(ctx, `SELECT min(received_at) FROM command_results WHERE received_at > $1`, dbStart.Add(up)).Scan(&first); err == nil && first != nil {
+				if err := db.Pool.QueryRow(ctx, `SELECT min(received_at) FROM command_results_all WHERE received_at > $1`, dbStart.Add(up)).Scan(&first); err == nil && first != nil {
 					firstResult = first.Sub(dbStart)
 				}
 			}
@@ -150,7 +150,7 @@ func TestDatabaseRestartUnderLoad(t *testing.T) {
 		require.NoError(t, pgxRetry(func() error {
 			for cid, rid := range results {
 				var state, got string
-				if err := db.Pool.QueryRow(ctx, `SELECT c.state, r.id FROM commands c JOIN command_results r ON r.command_id = c.id WHERE c.id = $1`, cid).Scan(&state, &got); err != nil {
+				if err := db.Pool.QueryRow(ctx, `SELECT c.state, r.id FROM commands c JOIN command_results_all r ON r.command_id = c.id WHERE c.id = $1`, cid).Scan(&state, &got); err != nil {
 					return err
 				}
 				require.Equal(t, "succeeded", state, "command %s", cid)

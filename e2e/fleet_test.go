@@ -261,7 +261,7 @@ func waitCompleted(t *testing.T, db *pgxpool.Pool, nodes *nodeFleet, ids []strin
 	rows, err := db.Query(context.Background(), `
 SELECT c.id, c.node_id, c.state, c.dispatch_count, coalesce(c.dispatched_by, ''), coalesce(c.dispatch_epoch, 0),
        coalesce(s.gateway_id, ''), coalesce(s.session_epoch, 0), coalesce(s.state, ''),
-       (SELECT count(*) FROM command_results r WHERE r.command_id = c.id)
+       (SELECT count(*) FROM command_results_all r WHERE r.command_id = c.id)
   FROM commands c LEFT JOIN node_sessions s ON s.node_id = c.node_id
  WHERE c.id = ANY($1) AND c.state <> 'succeeded' ORDER BY c.id LIMIT 20`, ids)
 	require.NoError(t, err)

@@ -34,7 +34,7 @@ func TestNetworkFaultsBetweenDaemonsAndGateways(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return connected() == len(ids) }, 30*time.Second, 50*time.Millisecond)
 	load := startLoad(t, db.Pool, "ncmd", ids, 20*time.Millisecond)
-	results := func() int { n, _ := queryInt(db.Pool, `SELECT count(*) FROM command_results`); return n }
+	results := func() int { n, _ := queryInt(db.Pool, `SELECT count(*) FROM command_results_all`); return n }
 
 	lb.SetLatency(100 * time.Millisecond)
 	time.Sleep(3 * time.Second) // the fault: 100 ms of latency for 3 s

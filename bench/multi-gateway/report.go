@@ -126,7 +126,7 @@ func (r *result) collect(ctx context.Context, f *fleet.Fleet, sim *fleet.Sim, sm
 	rows.Close()
 	r.Executions = sim.Executions.Load()
 	r.Duplicates = sim.Duplicates.Load()
-	if err := db.QueryRow(ctx, `SELECT count(*) /*bench*/ FROM (SELECT command_id FROM command_results GROUP BY command_id HAVING count(*) > 1) x`).Scan(&r.MultiResults); err != nil {
+	if err := db.QueryRow(ctx, `SELECT count(*) /*bench*/ FROM (SELECT command_id FROM command_results_all GROUP BY command_id HAVING count(*) > 1) x`).Scan(&r.MultiResults); err != nil {
 		return err
 	}
 	if err := db.QueryRow(ctx, `SELECT count(*) /*bench*/ FROM node_events WHERE kind = 'node.unreachable'`).Scan(&r.UnreachableEvents); err != nil {
@@ -155,7 +155,7 @@ func (r *result) collect(ctx context.Context, f *fleet.Fleet, sim *fleet.Sim, sm
 		if err := q(`SELECT count(*) /*bench*/ FROM commands WHERE dispatched_by = $1 AND dispatched_at > $2 AND dispatched_at < $3`, &r.Zombie.DispatchWrites); err != nil {
 			return err
 		}
-		if err := q(`SELECT count(*) /*bench*/ FROM command_results WHERE gateway_id = $1 AND received_at > $2 AND received_at < $3`, &r.Zombie.ResultWrites); err != nil {
+		if err := q(`SELECT count(*) /*bench*/ FROM command_results_all WHERE gateway_id = $1 AND received_at > $2 AND received_at < $3`, &r.Zombie.ResultWrites); err != nil {
 			return err
 		}
 		if err := q(`SELECT count(*) /*bench*/ FROM node_events WHERE gateway_id = $1 AND received_at > $2 AND received_at < $3 AND kind NOT LIKE 'node.%'`, &r.Zombie.EventWrites); err != nil {

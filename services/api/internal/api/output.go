@@ -58,7 +58,7 @@ SELECT "offset", stream, data FROM command_output
 const outputDoneSQL = `
 SELECT c.state IN ('succeeded', 'failed', 'cancelled', 'expired')
    AND (c.dispatch_count = 0 OR c.state = 'expired' OR c.cancel_confirmed_at IS NOT NULL
-        OR EXISTS (SELECT 1 FROM command_results r WHERE r.command_id = c.id)
+        OR c.result_id IS NOT NULL OR EXISTS (SELECT 1 FROM command_results r WHERE r.command_id = c.id)
         OR c.finished_at < compute_now() - make_interval(secs => $2::float8))
   FROM commands c WHERE c.id = $1`
 

@@ -54,11 +54,12 @@ const closeRevokedSessionSQL = `
 UPDATE node_sessions SET state = 'disconnected', closed_at = compute_now()
  WHERE node_id = $1 AND state = 'connected'`
 
-// commandColumns are a command's columns as scanCommand reads them;
-// updated_at is the latest of its transitions. The stored live output's
+// commandColumns are a command's columns as scanCommand reads them; its
+// state is command_state's (a dispatched command with an ack is
+// acknowledged); updated_at is the latest of its transitions. The stored live output's
 // size and truncation come from the command's last command_output row (an
 // index probe on its primary key).
-const commandColumns = `id, node_id, kind, payload, state, deadline, coalesce(idempotency_key, ''), dispatch_count,
+const commandColumns = `id, node_id, kind, payload, command_state(state, acked_at), deadline, coalesce(idempotency_key, ''), dispatch_count,
        created_at, GREATEST(created_at, dispatched_at, acked_at, finished_at),
        cancel_requested_at, cancel_confirmed_at IS NOT NULL, coalesce(cancel_outcome, ''),
        coalesce((SELECT o."offset" + length(o.data) FROM command_output o WHERE o.command_id = id ORDER BY o."offset" DESC LIMIT 1), 0),
@@ -77,7 +78,7 @@ const commandByKeySQL = commandSelect + ` WHERE node_id = $1 AND idempotency_key
 
 const listCommandsSQL = commandSelect + `
  WHERE ($1::timestamptz IS NULL OR (created_at, id) < ($1, $2))
-   AND ($3 = '' OR node_id = $3) AND ($4 = '' OR state = $4)
+   AND ($3 = '' OR node_id = $3) AND ($4 = '' OR command_state(state, acked_at) = $4)
  ORDER BY created_at DESC, id DESC LIMIT $5`
 
 // lockNodeForCommandSQL and insertCommandSQL are pkg/cmdstore's, the one
@@ -95,11 +96,12 @@ UPDATE commands SET state = 'cancelled', finished_at = compute_now(),
        cancel_requested_at = CASE WHEN state IN ('dispatched', 'acknowledged') THEN compute_now() END
  WHERE id = $1 AND state IN ('pending', 'dispatched', 'acknowledged')` + commandReturning
 
-// resultSQL reads a command's result: the first stored, should a node have
-// sent more than one.
+// resultSQL reads a command's result, from its row or from command_results
+// (where a gateway of the previous release stores it): the first stored,
+// should there be more than one.
 const resultSQL = `
 SELECT command_id, id, exit_code, output, error, started_at, finished_at, received_at
-  FROM command_results WHERE command_id = $1
+  FROM command_results_all WHERE command_id = $1
  ORDER BY received_at, id LIMIT 1`
 
 // finishedCommandsSQL is the wait hub's poll.

@@ -106,7 +106,7 @@ func TestHelloWelcomeDispatchResult(t *testing.T) {
 	var state string
 	var results int
 	require.NoError(t, db.Pool.QueryRow(context.Background(),
-		`SELECT c.state, (SELECT count(*) FROM command_results r WHERE r.command_id = c.id) FROM commands c WHERE id = $1`, id).Scan(&state, &results))
+		`SELECT c.state, (SELECT count(*) FROM command_results_all r WHERE r.command_id = c.id) FROM commands c WHERE id = $1`, id).Scan(&state, &results))
 	require.Equal(t, "succeeded", state)
 	require.Equal(t, 1, results)
 }

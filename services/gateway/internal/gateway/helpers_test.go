@@ -198,7 +198,7 @@ SELECT concat_ws(' | ',
   (SELECT string_agg(node_id || ':' || gateway_id || ':' || session_epoch || ':' || state || ':' || last_seen_at, ',' ORDER BY node_id) FROM node_sessions),
   (SELECT string_agg(id || ':' || state || ':' || state_epoch, ',' ORDER BY id) FROM nodes),
   (SELECT string_agg(id || ':' || state || ':' || dispatch_count, ',' ORDER BY id) FROM commands),
-  (SELECT count(*) FROM command_results)::text,
+  (SELECT count(*) FROM command_results_all)::text,
   (SELECT count(*) FROM node_events)::text)`).Scan(&s)
 	require.NoError(t, err)
 	return s
@@ -221,7 +221,7 @@ SELECT concat_ws(' | ',
   (SELECT string_agg(id || ':' || state || ':' || state_epoch, ',' ORDER BY id) FROM nodes WHERE id <> 'n-0'),
   (SELECT string_agg(node_id || ':' || session_epoch, ',' ORDER BY node_id) FROM node_sessions),
   (SELECT string_agg(id || ':' || state || ':' || dispatch_count, ',' ORDER BY id) FROM commands),
-  (SELECT count(*) FROM command_results)::text,
+  (SELECT count(*) FROM command_results_all)::text,
   (SELECT count(*) FROM node_events)::text)`).Scan(&s)
 	require.NoError(t, err)
 	return s

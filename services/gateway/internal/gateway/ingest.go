@@ -211,6 +211,11 @@ func (g *Gateway) answer(it *ingestItem, o ingestOutcome) {
 // reason other than the connection, each item is written alone, so one bad
 // item cannot fail the others.
 func (g *Gateway) flush(ctx context.Context, batch []*ingestItem) {
+	if batch, later := splitRowConflicts(batch); len(later) > 0 {
+		g.flush(ctx, batch)
+		g.flush(ctx, later)
+		return
+	}
 	timer := prometheus.NewTimer(g.m.ingestFlush) // wall time: a latency metric
 	out, tps, err := g.writeBatch(ctx, batch)
 	if err != nil && len(batch) > 1 && ctx.Err() == nil {
@@ -242,6 +247,30 @@ func (g *Gateway) flush(ctx context.Context, batch []*ingestItem) {
 		}
 		g.answer(it, ingestOutcome{outcome: out[i], traceparent: tps[i]})
 	}
+}
+
+// splitRowConflicts moves the cancel acks of commands that also have a
+// result in batch to a batch of their own, written after it: a result is
+// stored in its command's row, which a cancel ack changes too, and one
+// statement must not change a row twice.
+func splitRowConflicts(batch []*ingestItem) (first, later []*ingestItem) {
+	resulted := map[string]bool{}
+	for _, it := range batch {
+		if it.kind == ingestResult {
+			resulted[it.command] = true
+		}
+	}
+	for _, it := range batch {
+		if it.kind == ingestCancelAck && resulted[it.id] {
+			later = append(later, it)
+			continue
+		}
+		first = append(first, it)
+	}
+	if len(later) == 0 {
+		return batch, nil
+	}
+	return first, later
 }
 
 // writeBatch runs ingestSQL for batch and returns each item's outcome.
@@ -324,8 +353,9 @@ func (g *Gateway) writeBatch(ctx context.Context, batch []*ingestItem) ([]string
 			oStream, oData, oTrunc = append(oStream, it.stream), append(oData, it.output), append(oTrunc, it.truncated)
 		case ingestCancelAck:
 			// A cancel ack changes a cancelled (terminal) command, which no
-			// result or ack of the batch changes; two acks of one command
-			// would, so the second is dropped.
+			// ack of the batch changes and no result either (flush writes
+			// those separately); two acks of one command would, so the
+			// second is dropped.
 			if seenK[k] {
 				out[i] = "duplicate"
 				continue

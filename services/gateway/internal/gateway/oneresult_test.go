@@ -13,7 +13,8 @@ import (
 
 // TestOneResultPerCommand: two results with different ids for one command
 // (in one batch and in two) keep one row, the first, and the second is
-// counted as ignored.
+// counted as ignored. The row holds one result, so the database keeps the
+// rule by construction.
 func TestOneResultPerCommand(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDB(t)
@@ -38,15 +39,50 @@ func TestOneResultPerCommand(t *testing.T) {
 		var n int
 		var exit int32
 		require.NoError(t, db.Pool.QueryRow(context.Background(),
-			`SELECT count(*), min(exit_code) FROM command_results WHERE command_id = $1`, id).Scan(&n, &exit))
+			`SELECT count(*), min(exit_code) FROM command_results_all WHERE command_id = $1`, id).Scan(&n, &exit))
 		require.Equal(t, 1, n, "one result row for %s", id)
 		require.Equal(t, int32(0), exit, "the first result is kept")
 		require.Equal(t, "succeeded", commandState(t, db, id))
 	}
 	require.Equal(t, 2.0, testutil.ToFloat64(g.m.results.WithLabelValues("ignored")))
 
-	// The database holds the rule too (migration 00028).
+}
+
+// TestResultStoredByThePreviousReleaseCounts: a command whose result a
+// gateway of the previous release stored in command_results (during a
+// rolling upgrade) gets no second result in its row: the same id is a
+// duplicate, another id is ignored, and readers see the one result.
+func TestResultStoredByThePreviousReleaseCounts(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	g := startGateway(t, db, testConfig())
+	creds := registerNodes(t, db, "n", 1)
+	s := dialRaw(t, g.Addr())
+	s.welcome(t, "n-0", creds[0])
+	a := dispatchedTo(t, db, s, "n-0")
+	// What the previous release's group commit wrote for a result.
 	_, err := db.Pool.Exec(context.Background(), `
-INSERT INTO command_results (node_id, id, command_id, exit_code, gateway_id, session_epoch) VALUES ('n-0', 'third', $1, 0, 'gw', 1)`, a)
-	require.ErrorContains(t, err, "command_results_one_per_command")
+WITH ins AS (
+  INSERT INTO command_results (node_id, id, command_id, exit_code, gateway_id, session_epoch)
+  VALUES ('n-0', 'old', $1, 3, 'gw-old', 1) RETURNING command_id)
+UPDATE commands SET state = 'failed', finished_at = compute_now() FROM ins WHERE id = ins.command_id`, a)
+	require.NoError(t, err)
+	for i, rid := range []string{"old", "new"} {
+		require.NoError(t, s.stream.Send(&nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_CommandResult{
+			CommandResult: &nodev1.CommandResult{CommandId: a, ResultId: rid, ExitCode: 0}}}))
+		s.sync(t, uint64(i+1))
+	}
+	var n int
+	var rid string
+	var inRow bool
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `
+SELECT (SELECT count(*) FROM command_results_all WHERE command_id = $1),
+       (SELECT id FROM command_results_all WHERE command_id = $1 LIMIT 1),
+       (SELECT result_id IS NOT NULL FROM commands WHERE id = $1)`, a).Scan(&n, &rid, &inRow))
+	require.Equal(t, 1, n)
+	require.Equal(t, "old", rid)
+	require.False(t, inRow, "nothing stored in the command's row")
+	require.Equal(t, "failed", commandState(t, db, a))
+	require.Equal(t, 1.0, testutil.ToFloat64(g.m.results.WithLabelValues("duplicate")))
+	require.Equal(t, 1.0, testutil.ToFloat64(g.m.results.WithLabelValues("ignored")))
 }

@@ -42,7 +42,7 @@ func TestOversizedCommandFailsSessionLives(t *testing.T) {
 	require.Eventually(t, func() bool { return commandState(t, db, small) == "succeeded" }, 30*time.Second, 20*time.Millisecond)
 	require.Eventually(t, func() bool { return commandState(t, db, big) == "failed" }, 30*time.Second, 20*time.Millisecond)
 	var reason string
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT error FROM command_results WHERE command_id = $1`, big).Scan(&reason))
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT error FROM command_results_all WHERE command_id = $1`, big).Scan(&reason))
 	require.Contains(t, reason, fmt.Sprintf("does not fit the gateway's --gateway.max-message-bytes %d", cfg.MaxMessageBytes))
 	require.Equal(t, int64(1), sessionEpoch(t, db, "n-0"), "one session throughout")
 }

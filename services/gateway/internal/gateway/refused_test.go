@@ -30,7 +30,7 @@ func TestResultWithNULEndsItsCommand(t *testing.T) {
 	s.sync(t, 1)
 	require.Equal(t, "failed", commandState(t, db, id))
 	var e string
-	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT error FROM command_results WHERE command_id = $1`, id).Scan(&e))
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT error FROM command_results_all WHERE command_id = $1`, id).Scan(&e))
 	require.Equal(t, "bad\uFFFDbytes", e)
 	require.Equal(t, int64(1), sessionEpoch(t, db, "n-0"))
 	other := dispatchedTo(t, db, s, "n-0") // the session goes on
@@ -54,7 +54,7 @@ func TestResultRefusedByDatabaseEndsItsCommand(t *testing.T) {
 	require.Equal(t, "invalid_argument", s.recvUntilErr(t, 10*time.Second).String())
 	require.Equal(t, "failed", commandState(t, db, id))
 	var e string
-	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT error FROM command_results WHERE command_id = $1`, id).Scan(&e))
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT error FROM command_results_all WHERE command_id = $1`, id).Scan(&e))
 	require.Contains(t, e, "could not be stored")
 
 	// The node redials and names the command in flight: it is not replayed.
@@ -96,6 +96,6 @@ func TestDaemonRefusedResultIsNotResent(t *testing.T) {
 	require.Equal(t, int64(1), st.Replays, "the refused result was sent once")
 	require.Equal(t, int64(2), st.Welcomes, "one redial")
 	var n int
-	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM command_results WHERE command_id = $1`, bad).Scan(&n))
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM command_results_all WHERE command_id = $1`, bad).Scan(&n))
 	require.Equal(t, 1, n)
 }

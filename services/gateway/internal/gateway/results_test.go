@@ -37,14 +37,15 @@ func lockCommand(t *testing.T, db *pgtest.DB, commandID string) (release func())
 
 // awaitBlockedIngest waits until a statement of the gateway's pool waits
 // on a row lock (the group commit stuck behind lockCommand) and returns
-// its backend pid.
+// its backend pid. The statement is matched by its start: pg_stat_activity
+// keeps only the first kilobyte of a query's text.
 func awaitBlockedIngest(t *testing.T, db *pgtest.DB) int {
 	t.Helper()
 	var pid int
 	require.Eventually(t, func() bool {
 		err := db.Pool.QueryRow(context.Background(), `
 SELECT pid FROM pg_stat_activity
- WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%command_results%'
+ WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, 'WITH r AS (') > 0
  LIMIT 1`).Scan(&pid)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false

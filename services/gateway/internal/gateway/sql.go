@@ -122,14 +122,17 @@ UPDATE nodes SET state = 'disconnected', updated_at = compute_now()
 // ingestSQL is the group commit (ingest.go): in one statement it stores a
 // batch of results ($2..$11), acks ($12..$14) and events ($15..$22), each
 // array element tagged with its item's index, and returns every index with
-// its outcome. A result is stored only for a command of its own node and
-// only if the command has no result yet (one result per command, the
-// first: a later one with another id is 'ignored'), ON CONFLICT DO NOTHING
-// on (node_id, id) and on the one-result-per-command index, and closes its
-// command as succeeded or failed only if it is not terminal; an ack moves its own
-// node's dispatched command to acknowledged. The batch never holds an ack
-// and a result for the same command, so no row is changed twice. When a
-// command finishes, one NOTIFY on leasehold_command_done (empty payload,
+// its outcome. A result is stored in its command's row (the result_*
+// columns) only for a command of its own node and only if the command has
+// no result yet, in its row or in command_results, where a gateway of the
+// previous release stores them (one result per command, the first: a
+// repeat of its id is 'duplicate', another id 'ignored'); the same write
+// closes the command as succeeded or failed if it is not terminal. An ack
+// sets acked_at on its own node's dispatched command and changes nothing
+// any index names, so it is a HOT update; readers show such a command as
+// acknowledged (command_state). The batch never holds an ack or a cancel
+// ack and a result for the same command, so no row is changed twice. When
+// a result is stored, one NOTIFY on leasehold_command_done (empty payload,
 // once per batch) wakes the api's WaitCommand.
 //
 // Live output pieces ($23..$28, the cap $29, the truncation flags $34) are
@@ -146,25 +149,24 @@ WITH r AS (
   SELECT * FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::int[], $7::bytea[], $8::text[],
                        $9::timestamptz[], $10::timestamptz[], $11::bigint[])
     AS r(i, node_id, id, command_id, exit_code, output, error, started_at, finished_at, session_epoch)
-), ins AS (
-  INSERT INTO command_results (node_id, id, command_id, exit_code, output, error, started_at, finished_at, gateway_id, session_epoch)
-  SELECT r.node_id, r.id, r.command_id, r.exit_code, r.output, r.error, r.started_at, r.finished_at, $1, r.session_epoch
-    FROM r JOIN commands c ON c.id = r.command_id AND c.node_id = r.node_id
-   WHERE NOT EXISTS (SELECT 1 FROM command_results x WHERE x.command_id = r.command_id)
-  ON CONFLICT DO NOTHING
-  RETURNING node_id, id, command_id, exit_code, error
 ), fin AS (
-  UPDATE commands c SET state = CASE WHEN i.exit_code <> 0 OR i.error <> '' THEN 'failed' ELSE 'succeeded' END,
-                        finished_at = compute_now()
-    FROM ins i
-   WHERE c.id = i.command_id AND c.state IN ('pending', 'dispatched', 'acknowledged')
-  RETURNING c.id
+  UPDATE commands c SET
+    result_id = r.id, result_exit_code = r.exit_code, result_output = r.output, result_error = r.error,
+    result_started_at = r.started_at, result_finished_at = r.finished_at, result_received_at = compute_now(),
+    result_gateway_id = $1, result_session_epoch = r.session_epoch,
+    state = CASE WHEN c.state NOT IN ('pending', 'dispatched', 'acknowledged') THEN c.state
+                 WHEN r.exit_code <> 0 OR r.error <> '' THEN 'failed' ELSE 'succeeded' END,
+    finished_at = CASE WHEN c.state IN ('pending', 'dispatched', 'acknowledged') THEN compute_now() ELSE c.finished_at END
+    FROM r
+   WHERE c.id = r.command_id AND c.node_id = r.node_id AND c.result_id IS NULL
+     AND NOT EXISTS (SELECT 1 FROM command_results x WHERE x.command_id = r.command_id)
+  RETURNING r.i
 ), a AS (
   SELECT * FROM unnest($12::int[], $13::text[], $14::text[]) AS a(i, node_id, command_id)
 ), acked AS (
-  UPDATE commands c SET state = 'acknowledged', acked_at = compute_now()
+  UPDATE commands c SET acked_at = compute_now()
     FROM a
-   WHERE c.id = a.command_id AND c.node_id = a.node_id AND c.state = 'dispatched'
+   WHERE c.id = a.command_id AND c.node_id = a.node_id AND c.state = 'dispatched' AND c.acked_at IS NULL
   RETURNING c.id
 ), e AS (
   SELECT * FROM unnest($15::int[], $16::text[], $17::text[], $18::text[], $19::text[], $20::timestamptz[], $21::bigint[], $22::bigint[])
@@ -199,13 +201,14 @@ WITH r AS (
      AND c.cancel_requested_at IS NOT NULL AND c.cancel_confirmed_at IS NULL
   RETURNING c.id
 )
-SELECT r.i, CASE WHEN c.id IS NULL THEN 'unknown'
+SELECT r.i, CASE WHEN f.i IS NOT NULL THEN 'stored'
+                 WHEN c.id IS NULL THEN 'unknown'
                  WHEN c.node_id <> r.node_id THEN 'denied'
-                 WHEN EXISTS (SELECT 1 FROM ins WHERE ins.node_id = r.node_id AND ins.id = r.id) THEN 'stored'
-                 WHEN EXISTS (SELECT 1 FROM command_results x WHERE x.node_id = r.node_id AND x.id = r.id) THEN 'duplicate'
+                 WHEN c.result_id = r.id
+                   OR EXISTS (SELECT 1 FROM command_results x WHERE x.node_id = r.node_id AND x.id = r.id) THEN 'duplicate'
                  ELSE 'ignored' END,
        CASE WHEN c.node_id = r.node_id THEN c.traceparent END
-  FROM r LEFT JOIN commands c ON c.id = r.command_id
+  FROM r LEFT JOIN fin f ON f.i = r.i LEFT JOIN commands c ON c.id = r.command_id
 UNION ALL
 SELECT a.i, CASE WHEN c.node_id IS NOT NULL AND c.node_id <> a.node_id THEN 'denied' ELSE 'ok' END, NULL::text
   FROM a LEFT JOIN commands c ON c.id = a.command_id
@@ -242,23 +245,21 @@ const DiscoveryEventKind = "discovery"
 // failUndeliverableSQL fails commands this gateway dispatched but cannot
 // send (their message exceeds --gateway.max-message-bytes), fenced like
 // dispatch: only at the dispatch this gateway made at that session epoch,
-// and only while the command is in flight. The reason is stored as the
-// command's result (result id "undeliverable/<command id>"), and one
-// NOTIFY wakes the api's WaitCommand.
+// and only while the command is in flight (so it has no result). The
+// reason is stored as the command's result (result id
+// "undeliverable/<command id>"), and one NOTIFY wakes the api's
+// WaitCommand.
 const failUndeliverableSQL = `
 WITH x AS (
   SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[]) AS x(id, node_id, epoch, reason)
 ), f AS (
-  UPDATE commands c SET state = 'failed', finished_at = compute_now()
+  UPDATE commands c SET state = 'failed', finished_at = compute_now(),
+         result_id = left('undeliverable/' || c.id, 200), result_exit_code = -1, result_error = x.reason,
+         result_received_at = compute_now(), result_gateway_id = $1, result_session_epoch = x.epoch
     FROM x
    WHERE c.id = x.id AND c.node_id = x.node_id AND c.dispatched_by = $1 AND c.dispatch_epoch = x.epoch
-     AND c.state IN ('dispatched', 'acknowledged')
-  RETURNING c.id, c.node_id, x.epoch, x.reason
-), r AS (
-  INSERT INTO command_results (node_id, id, command_id, exit_code, error, gateway_id, session_epoch)
-  SELECT node_id, left('undeliverable/' || id, 200), id, -1, reason, $1, epoch FROM f
-  ON CONFLICT DO NOTHING
-  RETURNING command_id
+     AND c.state IN ('dispatched', 'acknowledged') AND c.result_id IS NULL
+  RETURNING c.id
 )
 SELECT count(*) FROM f, LATERAL (SELECT pg_notify('` + pgnotify.CommandDone + `', '')) n`
 
@@ -269,13 +270,10 @@ SELECT count(*) FROM f, LATERAL (SELECT pg_notify('` + pgnotify.CommandDone + `'
 // WaitCommand.
 const failRefusedResultSQL = `
 WITH f AS (
-  UPDATE commands SET state = 'failed', finished_at = compute_now()
-   WHERE id = $2 AND node_id = $1 AND state IN ('pending', 'dispatched', 'acknowledged')
-  RETURNING id, node_id
-), r AS (
-  INSERT INTO command_results (node_id, id, command_id, exit_code, error, gateway_id, session_epoch)
-  SELECT node_id, left('refused/' || id, 200), id, -1, $3, $4, $5 FROM f
-  ON CONFLICT DO NOTHING
-  RETURNING command_id
+  UPDATE commands SET state = 'failed', finished_at = compute_now(),
+         result_id = left('refused/' || id, 200), result_exit_code = -1, result_error = $3,
+         result_received_at = compute_now(), result_gateway_id = $4, result_session_epoch = $5
+   WHERE id = $2 AND node_id = $1 AND state IN ('pending', 'dispatched', 'acknowledged') AND result_id IS NULL
+  RETURNING id
 )
 SELECT count(*) FROM f, LATERAL (SELECT pg_notify('` + pgnotify.CommandDone + `', '')) n`

@@ -108,7 +108,7 @@ func commandResult(t *testing.T, db *pgtest.DB, id string) (state, resultID, err
 		_ = db.Pool.QueryRow(ctx, `SELECT state FROM commands WHERE id = $1`, id).Scan(&state)
 		return state == "succeeded" || state == "failed"
 	}, 60*time.Second, 50*time.Millisecond, "the command never ended")
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT id, error, exit_code FROM command_results WHERE command_id = $1`, id).
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT id, error, exit_code FROM command_results_all WHERE command_id = $1`, id).
 		Scan(&resultID, &errText, &exitCode))
 	return state, resultID, errText, exitCode
 }

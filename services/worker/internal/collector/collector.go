@@ -125,7 +125,7 @@ func (c *Collector) collect(ctx context.Context, db pgdb.Querier, watermark time
 const activeCommandsSQL = `
 SELECT 'pending', count(*) FROM commands WHERE state = 'pending'
 UNION ALL
-SELECT state, count(*) FROM commands WHERE state IN ('dispatched', 'acknowledged') GROUP BY state`
+SELECT command_state(state, acked_at), count(*) FROM commands WHERE state IN ('dispatched', 'acknowledged') GROUP BY 1`
 
 // finishedSinceSQL reads the commands finished after the watermark from
 // commands_finished_idx (migration 00025), so a pass reads what finished

@@ -186,7 +186,7 @@ UPDATE run_nodes rn
        finished_at = coalesce(c.finished_at, compute_now()),
        updated_at = compute_now()
   FROM commands c
-  LEFT JOIN LATERAL (SELECT r.exit_code, r.error FROM command_results r WHERE r.command_id = c.id
+  LEFT JOIN LATERAL (SELECT r.exit_code, r.error FROM command_results_all r WHERE r.command_id = c.id
                       ORDER BY r.received_at, r.id LIMIT 1) res ON true
  WHERE rn.run_id = $1 AND rn.state = 'running' AND c.id = rn.command_id
    AND c.state IN ('succeeded', 'failed', 'cancelled', 'expired')`

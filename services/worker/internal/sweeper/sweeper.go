@@ -48,11 +48,13 @@ const expireSQL = `
 UPDATE commands SET state = 'expired', finished_at = compute_now()
  WHERE deadline IS NOT NULL AND state IN ('pending', 'dispatched', 'acknowledged') AND deadline < compute_now()`
 
-// requeueSQL puts back the dispatched commands not acknowledged in time,
-// read from commands_in_flight_idx: a pass costs the commands in flight.
+// requeueSQL puts back the dispatched commands not acknowledged in time
+// (an ack is acked_at, or the state 'acknowledged' a gateway of the
+// previous release writes), read from commands_in_flight_idx: a pass costs
+// the commands in flight.
 const requeueSQL = `
 UPDATE commands SET state = 'pending'
- WHERE state = 'dispatched' AND dispatched_at < compute_now() - make_interval(secs => $1::float8)`
+ WHERE state = 'dispatched' AND acked_at IS NULL AND dispatched_at < compute_now() - make_interval(secs => $1::float8)`
 
 // Sweep runs one sweep in tx and returns how many commands it expired and
 // re-queued.

@@ -26,7 +26,10 @@ INSERT INTO commands (id, node_id, kind, state, deadline, dispatched_at) VALUES
   ('unacked',       'n1', 'reboot', 'dispatched', compute_now() + interval '1 hour', compute_now() - interval '31 seconds'),
   ('fresh',         'n1', 'reboot', 'dispatched', compute_now() + interval '1 hour', compute_now()),
   ('acked',         'n1', 'reboot', 'acknowledged', compute_now() + interval '1 hour', compute_now() - interval '1 hour'),
-  ('done',          'n1', 'reboot', 'succeeded', compute_now() - interval '1 hour', compute_now() - interval '1 hour')`)
+  ('done',          'n1', 'reboot', 'succeeded', compute_now() - interval '1 hour', compute_now() - interval '1 hour');
+-- An ack as this release's gateway writes it: acked_at, the state unchanged.
+INSERT INTO commands (id, node_id, kind, state, deadline, dispatched_at, acked_at) VALUES
+  ('acked-at',      'n1', 'reboot', 'dispatched', compute_now() + interval '1 hour', compute_now() - interval '1 hour', compute_now())`)
 	require.NoError(t, err)
 	var expired, requeued int64
 	require.NoError(t, pgdb.InTx(ctx, db, func(tx pgx.Tx) error {
@@ -45,5 +48,5 @@ INSERT INTO commands (id, node_id, kind, state, deadline, dispatched_at) VALUES
 		states[id] = st
 	}
 	require.Equal(t, map[string]string{"past-deadline": "expired", "unacked": "pending", "fresh": "dispatched",
-		"acked": "acknowledged", "done": "succeeded"}, states)
+		"acked": "acknowledged", "acked-at": "dispatched", "done": "succeeded"}, states)
 }
