@@ -1,0 +1,4 @@
+package runs
+
+// FinishedRunsSQL is finishedRunsSQL, for the plan test.
+const FinishedRunsSQL = finishedRunsSQL
