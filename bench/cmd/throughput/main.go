@@ -76,6 +76,11 @@ type measurement struct {
 	// written by the server, per command completed in the window.
 	RowWrites float64 `json:"row_writes_per_command"`
 	WALBytes  float64 `json:"wal_bytes_per_command"`
+	// IndexedWrites are the row versions per command that wrote index
+	// entries (inserts and updates that were not HOT); HOTShare is the
+	// share of updates that were HOT (pg_stat_user_tables, every table).
+	IndexedWrites float64 `json:"indexed_row_writes_per_command"`
+	HOTShare      float64 `json:"hot_update_share"`
 	// leasehold, from the gateways' histograms over the window.
 	DispatchCallP50 float64 `json:"dispatch_call_p50_s,omitempty"`
 	DispatchCallP99 float64 `json:"dispatch_call_p99_s,omitempty"`
@@ -291,6 +296,7 @@ func run(ctx context.Context, c config, sup *harness.Supervisor, started func(*f
 type cost struct {
 	cpu                        float64
 	stmts, xacts, rows, walLen int64
+	writes                     harness.TableWrites
 }
 
 func sampleCost(ctx context.Context, srv *harness.Server, db *harness.Database) cost {
@@ -300,6 +306,7 @@ func sampleCost(ctx context.Context, srv *harness.Server, db *harness.Database) 
 	c.xacts, _ = db.Xacts(ctx)
 	c.rows, _ = db.RowWrites(ctx)
 	c.walLen, _ = db.WALBytes(ctx)
+	c.writes, _ = db.Writes(ctx)
 	return c
 }
 
@@ -314,6 +321,11 @@ func (m *measurement) perCommand(c0, c1 cost) {
 	m.Commits = float64(c1.xacts-c0.xacts) / n
 	m.RowWrites = float64(c1.rows-c0.rows) / n
 	m.WALBytes = float64(c1.walLen-c0.walLen) / n
+	ins, upd, hot := c1.writes.Inserts-c0.writes.Inserts, c1.writes.Updates-c0.writes.Updates, c1.writes.HOTUpdates-c0.writes.HOTUpdates
+	m.IndexedWrites = float64(ins+upd-hot) / n
+	if upd > 0 {
+		m.HOTShare = float64(hot) / float64(upd)
+	}
 }
 
 // measure runs the creators (create) against db and fills m's counts,
@@ -700,15 +712,15 @@ func poll(ctx context.Context, timeout time.Duration, cond func() bool) error {
 func (r *result) print(w io.Writer) {
 	fmt.Fprintf(w, "\nthroughput: %d nodes, %d concurrent creators (leasehold via %s), %.0f s window; %s; machine %s; %s\n\n",
 		r.Nodes, r.Concurrency, r.Producer, r.Window, r.Database, r.Machine, r.Date)
-	fmt.Fprintln(w, "| system | gateways / MaxWorkers | created/s | completed/s | latency p50 | latency p99 | PG CPU ms/cmd | statements/cmd | commits/cmd | row writes/cmd | WAL bytes/cmd | unfinished | load |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| system | gateways / MaxWorkers | created/s | completed/s | latency p50 | latency p99 | PG CPU ms/cmd | statements/cmd | commits/cmd | row writes/cmd | indexed writes/cmd | HOT updates | WAL bytes/cmd | unfinished | load |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, m := range slices.Clone(r.Results) {
 		g := fmt.Sprint(m.Gateways)
 		if m.System == "River" {
 			g = fmt.Sprintf("MaxWorkers %d", m.RiverWorkers)
 		}
-		fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.3f s | %.3f s | %.2f | %.2f | %.2f | %.2f | %.0f | %d | %s |\n", m.System, g, m.CreatedPS, m.CompletedPS,
-			m.Latency.P50, m.Latency.P99, m.PGCPUms, m.Statements, m.Commits, m.RowWrites, m.WALBytes, m.Unfinished, m.Load)
+		fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.3f s | %.3f s | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f%% | %.0f | %d | %s |\n", m.System, g, m.CreatedPS, m.CompletedPS,
+			m.Latency.P50, m.Latency.P99, m.PGCPUms, m.Statements, m.Commits, m.RowWrites, m.IndexedWrites, m.HOTShare*100, m.WALBytes, m.Unfinished, m.Load)
 	}
 	if r.Ceiling != nil {
 		fmt.Fprintf(w, "\ninserts alone (the same creators unpaced, nothing completing them): %.0f/s, PostgreSQL CPU %.2f ms per insert (load %s)\n",

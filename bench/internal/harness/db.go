@@ -146,6 +146,23 @@ func (d *Database) RowWrites(ctx context.Context) (int64, error) {
 	return n, err
 }
 
+// TableWrites are the database's row writes summed over its tables
+// (pg_stat_user_tables; reported by backends like RowWrites).
+type TableWrites struct {
+	// Inserts and Updates are rows inserted and updated; HOTUpdates are the
+	// updates that wrote no index entry (heap-only tuples).
+	Inserts, Updates, HOTUpdates int64
+}
+
+// Writes returns the database's TableWrites.
+func (d *Database) Writes(ctx context.Context) (TableWrites, error) {
+	var w TableWrites
+	err := d.Pool.QueryRow(ctx, `
+SELECT coalesce(sum(n_tup_ins), 0)::bigint, coalesce(sum(n_tup_upd), 0)::bigint, coalesce(sum(n_tup_hot_upd), 0)::bigint
+  FROM pg_stat_user_tables`).Scan(&w.Inserts, &w.Updates, &w.HOTUpdates)
+	return w, err
+}
+
 // WALBytes returns the WAL the server has written since its statistics
 // were reset (pg_stat_wal: the whole server, not one database).
 func (d *Database) WALBytes(ctx context.Context) (int64, error) {
