@@ -119,3 +119,104 @@ func Insert(ctx context.Context, q pgdb.Querier, c Command) (Inserted, error) {
 	}
 	return in, nil
 }
+
+// insertManySQL inserts a batch of keyed commands in one statement: it
+// takes every named node's KEY SHARE lock first (as LockNodeSQL does for
+// one), inserts the commands of the nodes that exist and are not revoked,
+// in the order given, and returns each input's position with its node's
+// state ('' for none) and the id inserted (NULL when the key was already
+// taken or the node refused). $4 are the timeouts in seconds, counted
+// from compute_now().
+const insertManySQL = `
+WITH n AS (
+  SELECT id, state FROM nodes WHERE id = ANY($1::text[]) ORDER BY id FOR KEY SHARE
+), c AS (
+  SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::float8[], $5::text[], $6::text[])
+    WITH ORDINALITY AS c(node_id, kind, payload, timeout_s, key, tp, ord)
+), ins AS (
+  INSERT INTO commands (node_id, kind, payload, deadline, idempotency_key, traceparent)
+  SELECT c.node_id, c.kind, c.payload, compute_now() + make_interval(secs => c.timeout_s), c.key, c.tp
+    FROM c JOIN n ON n.id = c.node_id AND n.state <> 'revoked'
+   ORDER BY c.ord
+  ON CONFLICT (node_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+  RETURNING id, node_id, idempotency_key
+)
+SELECT c.ord, coalesce(n.state, ''), ins.id
+  FROM c LEFT JOIN n ON n.id = c.node_id
+  LEFT JOIN ins ON ins.node_id = c.node_id AND ins.idempotency_key = c.key
+ ORDER BY c.ord`
+
+// ErrKeyRequired is InsertMany's refusal of a command without an
+// idempotency key.
+var ErrKeyRequired = errors.New("every command of a batch needs an idempotency key")
+
+// InsertMany is Insert for a batch, in one statement and q's transaction:
+// the batch creators (a run starting its next nodes) pay one round trip
+// and one statement for all of them instead of two per command. Every
+// command needs an IdempotencyKey (ErrKeyRequired otherwise, nothing
+// written), and no two may share a node and key. It returns, in cmds'
+// order, each command's Inserted and its refusal (ErrNodeNotFound,
+// ErrNodeRevoked, wrapped) or nil; a key already taken returns the
+// existing command with Created false, as Insert does.
+func InsertMany(ctx context.Context, q pgdb.Querier, cmds []Command) ([]Inserted, []error, error) {
+	if len(cmds) == 0 {
+		return nil, nil, nil
+	}
+	nodes, kinds, keys, tps := make([]string, len(cmds)), make([]string, len(cmds)), make([]string, len(cmds)), make([]*string, len(cmds))
+	payloads, timeouts := make([][]byte, len(cmds)), make([]float64, len(cmds))
+	for i, c := range cmds {
+		if c.IdempotencyKey == "" {
+			return nil, nil, fmt.Errorf("insert command %d for %s: %w", i, c.NodeID, ErrKeyRequired)
+		}
+		nodes[i], kinds[i], keys[i], tps[i] = c.NodeID, c.Kind, c.IdempotencyKey, nullable(c.Traceparent)
+		payloads[i], timeouts[i] = c.Payload, c.Timeout.Seconds()
+		if payloads[i] == nil {
+			payloads[i] = []byte{}
+		}
+	}
+	rows, err := q.Query(ctx, insertManySQL, nodes, kinds, payloads, timeouts, keys, tps)
+	if err != nil {
+		return nil, nil, fmt.Errorf("insert %d commands: %w", len(cmds), err)
+	}
+	out, refused := make([]Inserted, len(cmds)), make([]error, len(cmds))
+	var taken []int
+	for rows.Next() {
+		var (
+			ord   int64
+			state string
+			id    *string
+		)
+		if err := rows.Scan(&ord, &state, &id); err != nil {
+			rows.Close()
+			return nil, nil, fmt.Errorf("insert %d commands: %w", len(cmds), err)
+		}
+		i := int(ord - 1)
+		c := cmds[i]
+		switch {
+		case state == "":
+			refused[i] = fmt.Errorf("insert command for %s: %w", c.NodeID, ErrNodeNotFound)
+		case state == "revoked":
+			refused[i] = fmt.Errorf("insert command for %s: %w", c.NodeID, ErrNodeRevoked)
+		case id == nil:
+			taken = append(taken, i)
+		default:
+			out[i] = Inserted{ID: *id, Created: true, Kind: c.Kind, Payload: payloads[i]}
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("insert %d commands: %w", len(cmds), err)
+	}
+	// Keys already taken: the insert waited for their transactions, so
+	// the rows are committed and visible to a new statement.
+	for _, i := range taken {
+		c := cmds[i]
+		in := Inserted{}
+		if err := q.QueryRow(ctx, `SELECT id, kind, payload FROM commands WHERE node_id = $1 AND idempotency_key = $2`,
+			c.NodeID, c.IdempotencyKey).Scan(&in.ID, &in.Kind, &in.Payload); err != nil {
+			return nil, nil, fmt.Errorf("read command of key %q for %s: %w", c.IdempotencyKey, c.NodeID, err)
+		}
+		out[i] = in
+	}
+	return out, refused, nil
+}

@@ -212,8 +212,9 @@ const pendingSQL = `
 SELECT node_id FROM run_nodes WHERE run_id = $1 AND state = 'pending' ORDER BY node_id LIMIT $2`
 
 const startSQL = `
-UPDATE run_nodes SET state = 'running', command_id = $3, started_at = compute_now(), updated_at = compute_now()
- WHERE run_id = $1 AND node_id = $2 AND state = 'pending'`
+UPDATE run_nodes rn SET state = 'running', command_id = s.command_id, started_at = compute_now(), updated_at = compute_now()
+  FROM unnest($2::text[], $3::text[]) AS s(node_id, command_id)
+ WHERE rn.run_id = $1 AND rn.node_id = s.node_id AND rn.state = 'pending'`
 
 const skipSQL = `
 UPDATE run_nodes SET state = 'skipped', error = $3, finished_at = compute_now(), updated_at = compute_now()
@@ -316,7 +317,8 @@ func Reconcile(ctx context.Context, tx pgx.Tx, runID string, cfg Config, wake *c
 }
 
 // startNodes starts up to n pending nodes of the run in node id order: the
-// command insert and the run_node update share tx.
+// commands are inserted in one statement (cmdstore.InsertMany) and the
+// run_nodes marked running in another, both in tx, whatever n is.
 func startNodes(ctx context.Context, tx pgx.Tx, runID string, n int, cmd cmdstore.Command) ([]string, error) {
 	rows, err := tx.Query(ctx, pendingSQL, runID, n)
 	if err != nil {
@@ -326,24 +328,30 @@ func startNodes(ctx context.Context, tx pgx.Tx, runID string, n int, cmd cmdstor
 	if err != nil {
 		return nil, fmt.Errorf("read pending nodes of run %s: %w", runID, err)
 	}
+	cmds := make([]cmdstore.Command, len(nodes))
+	for i, node := range nodes {
+		cmds[i] = cmd
+		cmds[i].NodeID, cmds[i].IdempotencyKey = node, CommandKey(runID, node)
+	}
+	in, refused, err := cmdstore.InsertMany(ctx, tx, cmds)
+	if err != nil {
+		return nil, fmt.Errorf("start nodes of run %s: %w", runID, err)
+	}
 	started := make([]string, 0, len(nodes))
-	for _, node := range nodes {
-		c := cmd
-		c.NodeID, c.IdempotencyKey = node, CommandKey(runID, node)
-		in, err := cmdstore.Insert(ctx, tx, c)
-		if errors.Is(err, cmdstore.ErrNodeRevoked) || errors.Is(err, cmdstore.ErrNodeNotFound) {
+	ids := make([]string, 0, len(nodes))
+	for i, node := range nodes {
+		if refused[i] != nil {
 			if _, err := tx.Exec(ctx, skipSQL, runID, node, "node revoked before it started"); err != nil {
 				return nil, fmt.Errorf("skip node %s of run %s: %w", node, runID, err)
 			}
 			continue
 		}
-		if err != nil {
-			return nil, fmt.Errorf("start node %s of run %s: %w", node, runID, err)
+		started, ids = append(started, node), append(ids, in[i].ID)
+	}
+	if len(started) > 0 {
+		if _, err := tx.Exec(ctx, startSQL, runID, started, ids); err != nil {
+			return nil, fmt.Errorf("mark %d nodes of run %s running: %w", len(started), runID, err)
 		}
-		if _, err := tx.Exec(ctx, startSQL, runID, node, in.ID); err != nil {
-			return nil, fmt.Errorf("mark node %s of run %s running: %w", node, runID, err)
-		}
-		started = append(started, node)
 	}
 	return started, nil
 }
