@@ -124,7 +124,7 @@ func Insert(ctx context.Context, q pgdb.Querier, c Command) (Inserted, error) {
 // takes every named node's KEY SHARE lock first (as LockNodeSQL does for
 // one), inserts the commands of the nodes that exist and are not revoked,
 // in the order given, and returns each input's position with its node's
-// state (” for none) and the id inserted (NULL when the key was already
+// state (empty for none) and the id inserted (NULL when the key was already
 // taken or the node refused). $4 are the timeouts in seconds, counted
 // from compute_now().
 const insertManySQL = `
