@@ -76,12 +76,16 @@ type phase struct {
 	CreateErrors int64         `json:"create_errors,omitempty"`
 	// Connected is the nodes with a session at the window's end, as the
 	// nodesim processes and node_sessions count them.
-	Connected   int                     `json:"connected_nodes"`
-	DBConnected int64                   `json:"connected_sessions_in_db"`
-	Costliest   []harness.StatementCost `json:"costliest_statements,omitempty"`
-	Load        string                  `json:"load_average"`
-	LoadStart   string                  `json:"load_average_at_start"`
-	Start       string                  `json:"start"`
+	Connected   int   `json:"connected_nodes"`
+	DBConnected int64 `json:"connected_sessions_in_db"`
+	// Hellos is the sessions opened in the window (the rise of the sum of
+	// node_sessions.session_epoch, which every Hello bumps): a fleet at
+	// rest opens none; each one costs a Hello's writes.
+	Hellos    int64                   `json:"hellos_in_window"`
+	Costliest []harness.StatementCost `json:"costliest_statements,omitempty"`
+	Load      string                  `json:"load_average"`
+	LoadStart string                  `json:"load_average_at_start"`
+	Start     string                  `json:"start"`
 }
 
 type step struct {
@@ -380,6 +384,12 @@ func measure(ctx context.Context, c config, srv *harness.Server, f *fleet.Fleet,
 	if err := f.DB.ResetStatements(ctx); err != nil {
 		return p, fmt.Errorf("pg_stat_statements: %w", err)
 	}
+	epochs := func() int64 {
+		var n int64
+		_ = f.DB.Pool.QueryRow(ctx, `SELECT coalesce(sum(session_epoch), 0)::bigint /*bench*/ FROM node_sessions`).Scan(&n)
+		return n
+	}
+	e0 := epochs()
 	c0, err := sampleCost(ctx, srv, f.DB)
 	if err != nil {
 		return p, err
@@ -415,6 +425,7 @@ loop:
 	if err != nil {
 		return p, err
 	}
+	p.Hellos = epochs() - e0
 	secs := c1.at.Sub(c0.at).Seconds()
 	p.PGCPU = (c1.cpu - c0.cpu) / secs
 	p.Statements = float64(c1.stmts-c0.stmts) / secs
@@ -570,8 +581,8 @@ func waitLoad(ctx context.Context, c config) error {
 }
 
 func (p phase) summary() string {
-	s := fmt.Sprintf("PostgreSQL CPU %.3f s/s, %.1f statements/s, %.1f commits/s, %.0f WAL bytes/s, %.1f row writes/s, connections mean %.1f max %d (active %.1f); %d connected (%d in node_sessions)",
-		p.PGCPU, p.Statements, p.Commits, p.WALBytes, p.RowWrites, p.ConnsMean, p.ConnsMax, p.ActiveMean, p.Connected, p.DBConnected)
+	s := fmt.Sprintf("PostgreSQL CPU %.3f s/s, %.1f statements/s, %.1f commits/s, %.0f WAL bytes/s, %.1f row writes/s, connections mean %.1f max %d (active %.1f); %d connected (%d in node_sessions), %d Hellos in the window",
+		p.PGCPU, p.Statements, p.Commits, p.WALBytes, p.RowWrites, p.ConnsMean, p.ConnsMax, p.ActiveMean, p.Connected, p.DBConnected, p.Hellos)
 	if p.Latency != nil {
 		s += fmt.Sprintf("; offered %.1f/s, created %.1f/s, completed %.1f/s, create-to-done %s, %d unfinished, %d create errors",
 			p.Offered, p.CreatedPS, p.CompletedPS, p.Latency, p.Unfinished, p.CreateErrors)
@@ -632,16 +643,16 @@ func (r *result) print(w io.Writer) {
 	fmt.Fprintf(w, "\nscale: %d gateways behind HAProxy, worker, scheduler; commands %g per node per minute via %s; %.0f s warmup, %.0f s windows; %s; machine %s; %s\n",
 		r.Gateways, r.PerNodePerMinute, r.Producer, r.Warmup, r.Window, r.Database, r.Machine, r.Date)
 	fmt.Fprintf(w, "command: %s\n\n", r.Command)
-	fmt.Fprintln(w, "| nodes | phase | PG CPU s/s | statements/s | commits/s | WAL bytes/s | row writes/s | connections mean / max (active) | offered / completed cmd/s | create-to-done p50 / p99 | load (start → end) |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| nodes | phase | PG CPU s/s | statements/s | commits/s | WAL bytes/s | row writes/s | connections mean / max (active) | Hellos in window | offered / completed cmd/s | create-to-done p50 / p99 | load (start → end) |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
 	row := func(n int, name string, p *phase) {
 		cmds, lat := "-", "-"
 		if p.Latency != nil {
 			cmds = fmt.Sprintf("%.1f / %.1f", p.Offered, p.CompletedPS)
 			lat = fmt.Sprintf("%.3f / %.3f s", p.Latency.P50, p.Latency.P99)
 		}
-		fmt.Fprintf(w, "| %d | %s | %.3f | %.1f | %.1f | %.0f | %.1f | %.1f / %d (%.1f) | %s | %s | %s → %s |\n", n, name, p.PGCPU, p.Statements, p.Commits,
-			p.WALBytes, p.RowWrites, p.ConnsMean, p.ConnsMax, p.ActiveMean, cmds, lat, p.LoadStart, p.Load)
+		fmt.Fprintf(w, "| %d | %s | %.3f | %.1f | %.1f | %.0f | %.1f | %.1f / %d (%.1f) | %d | %s | %s | %s → %s |\n", n, name, p.PGCPU, p.Statements, p.Commits,
+			p.WALBytes, p.RowWrites, p.ConnsMean, p.ConnsMax, p.ActiveMean, p.Hellos, cmds, lat, p.LoadStart, p.Load)
 	}
 	for _, s := range r.Steps {
 		row(s.Nodes, "idle", &s.Idle)
