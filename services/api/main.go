@@ -45,7 +45,8 @@ func main() {
 		},
 		Validate: cfg.Validate,
 		Build: func(ctx context.Context, p *process.Process) ([]services.Service, error) {
-			s, err := api.New(cfg, api.Deps{DB: p.DB, Logger: p.Logger, Registry: p.Registry, Health: p.Health, NotifyURL: p.Config.NotifyURL()})
+			s, err := api.New(cfg, api.Deps{DB: p.DB, Logger: p.Logger, Registry: p.Registry, Health: p.Health, NotifyURL: p.Config.NotifyURL(),
+				ID: p.Config.ID, MaxConns: int32(p.Config.MaxConns)})
 			if err != nil {
 				return nil, err
 			}

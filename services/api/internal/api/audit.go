@@ -153,15 +153,18 @@ func (h *Handler) ListAuditEvents(ctx context.Context, req *connect.Request[cont
 			return nil, invalid("page_token", "is not a page token of %s", method)
 		}
 	}
-	rows, err := h.db.Query(ctx, listAuditEventsSQL, after, m.GetActor(), m.GetMethod(), m.GetTargetKind(), m.GetTargetId(),
-		f.since, f.until, p.limit())
-	if err != nil {
-		return nil, h.fail(ctx, "list audit events", err)
-	}
 	resp := &controlv1.ListAuditEventsResponse{}
-	resp.Events, resp.NextPageToken, err = collectPage(p, rows, func(r pgx.Rows) (*controlv1.AuditEvent, pageKey, error) {
-		e, err := scanAuditEvent(r)
-		return e, pageKey{ID: strconv.FormatInt(e.GetId(), 10)}, err
+	err = h.readList(ctx, "list audit events", func(ctx context.Context, q pgdb.Querier) error {
+		rows, err := q.Query(ctx, listAuditEventsSQL, after, m.GetActor(), m.GetMethod(), m.GetTargetKind(), m.GetTargetId(),
+			f.since, f.until, p.limit())
+		if err != nil {
+			return err
+		}
+		resp.Events, resp.NextPageToken, err = collectPage(p, rows, func(r pgx.Rows) (*controlv1.AuditEvent, pageKey, error) {
+			e, err := scanAuditEvent(r)
+			return e, pageKey{ID: strconv.FormatInt(e.GetId(), 10)}, err
+		})
+		return err
 	})
 	if err != nil {
 		return nil, h.fail(ctx, "list audit events", err)

@@ -193,15 +193,18 @@ func (h *Handler) ListCommands(ctx context.Context, req *connect.Request[control
 	if err != nil {
 		return nil, err
 	}
-	rows, err := h.db.Query(ctx, listCommandsSQL, p.after.after(), p.after.ID, m.GetNodeId(), dbName(commandStates, m.GetState()), p.limit())
-	if err != nil {
-		return nil, h.fail(ctx, "list commands", err)
-	}
 	resp := &controlv1.ListCommandsResponse{}
-	resp.Commands, resp.NextPageToken, err = collectPageWithin(p, rows, func(r pgx.Rows) (*controlv1.Command, pageKey, error) {
-		c, created, err := scanCommand(r)
-		return c, pageKey{ID: c.GetId(), At: created.UnixMicro()}, err
-	}, func(c *controlv1.Command) int { return len(c.GetPayload()) }, maxListPayloadBytes)
+	err = h.readList(ctx, "list commands", func(ctx context.Context, q pgdb.Querier) error {
+		rows, err := q.Query(ctx, listCommandsSQL, p.after.after(), p.after.ID, m.GetNodeId(), dbName(commandStates, m.GetState()), p.limit())
+		if err != nil {
+			return err
+		}
+		resp.Commands, resp.NextPageToken, err = collectPageWithin(p, rows, func(r pgx.Rows) (*controlv1.Command, pageKey, error) {
+			c, created, err := scanCommand(r)
+			return c, pageKey{ID: c.GetId(), At: created.UnixMicro()}, err
+		}, func(c *controlv1.Command) int { return len(c.GetPayload()) }, maxListPayloadBytes)
+		return err
+	})
 	if err != nil {
 		return nil, h.fail(ctx, "list commands", err)
 	}

@@ -61,6 +61,20 @@ type Config struct {
 	// RelayTokenFile holds the shared bearer token of the gateways' tunnel
 	// relays (their --gateway.relay-token-file); "" refuses OpenTunnel.
 	RelayTokenFile string
+	// ReadDatabaseURL names a hot standby (a server in recovery) that
+	// serves the paginated list RPCs; "" serves everything from the
+	// primary. See readReplica for when a list still goes to the primary.
+	ReadDatabaseURL string
+	// ReadPooler marks ReadDatabaseURL as going through a transaction-mode
+	// pooler: no startup parameters, no statement cache.
+	ReadPooler bool
+	// ReadReplicaMaxLag is the replay lag past which lists go to the
+	// primary until the replica is back under it (0: 5s).
+	ReadReplicaMaxLag time.Duration
+
+	// readProbeInterval is how often the replica is probed (0:
+	// readProbeInterval); tests shorten it.
+	readProbeInterval time.Duration
 }
 
 // RegisterFlags registers the api flags on f, each name under prefix.
@@ -80,6 +94,9 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.BoolVar(&c.SinkEgress.AllowLoopback, prefix+"api.sink-allow-loopback", false, "accept sink URLs on loopback (tests and single-machine development only)")
 	f.BoolVar(&c.SinkEgress.AllowPrivate, prefix+"api.sink-allow-private", false, "accept sink URLs on private addresses (RFC 1918, 100.64.0.0/10, fc00::/7); metadata and link-local stay refused")
 	f.StringVar(&c.RelayTokenFile, prefix+"api.relay-token-file", "", "file holding the shared token of the gateways' tunnel relays (--gateway.relay-token-file); empty refuses OpenTunnel")
+	f.StringVar(&c.ReadDatabaseURL, prefix+"api.read-database-url", "", "PostgreSQL URL of a hot standby that serves ListNodes, ListCommands, ListRuns, ListAuditEvents, ListPools and ListPoolLeases (every other call stays on --database-url); a list goes to the primary while the standby is unreachable or lags past --api.read-replica-max-lag")
+	f.BoolVar(&c.ReadPooler, prefix+"api.read-pooler", false, "--api.read-database-url goes through PgBouncer in transaction mode")
+	f.DurationVar(&c.ReadReplicaMaxLag, prefix+"api.read-replica-max-lag", 5*time.Second, "replay lag of --api.read-database-url past which lists go to the primary until it is back under")
 	f.DurationVar(&c.ReloadInterval, prefix+"api.reload-interval", 10*time.Second, "how often --tokens-file, --api.tls-cert and --api.tls-key are re-read (a change applies without restart)")
 }
 
@@ -113,6 +130,14 @@ func (c *Config) Validate() error {
 	}
 	if c.ReloadInterval < 0 || c.ReloadInterval > time.Hour {
 		errs = append(errs, fmt.Errorf("--api.reload-interval %s must be in [0, 1h] (0: 10s)", c.ReloadInterval))
+	}
+	if c.ReadDatabaseURL != "" {
+		if _, err := readPoolConfig(*c, "", 0); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.ReadReplicaMaxLag != 0 && (c.ReadReplicaMaxLag < 100*time.Millisecond || c.ReadReplicaMaxLag > time.Hour) {
+		errs = append(errs, fmt.Errorf("--api.read-replica-max-lag %s must be in 100ms..1h (0: 5s)", c.ReadReplicaMaxLag))
 	}
 	if k, err := c.Keyring(); err != nil {
 		errs = append(errs, err)

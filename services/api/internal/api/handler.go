@@ -26,7 +26,10 @@ import (
 // Handler implements ControlService over the database. Every method
 // validates its whole request before it runs any SQL.
 type Handler struct {
-	db             *pgxpool.Pool
+	db *pgxpool.Pool
+	// reads serves the list RPCs when --api.read-database-url is set
+	// (readList); nil reads everything from db.
+	reads          *readReplica
 	log            *slog.Logger
 	waiter         *waiter
 	wake           *cmdwake.Notifier

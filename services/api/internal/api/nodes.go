@@ -214,14 +214,17 @@ func (h *Handler) ListNodes(ctx context.Context, req *connect.Request[controlv1.
 	if err != nil {
 		return nil, err
 	}
-	rows, err := h.db.Query(ctx, listNodesSQL, p.after.ID, dbName(nodeStates, m.GetState()), m.GetPoolId(), p.limit(), m.GetCordonedOnly())
-	if err != nil {
-		return nil, h.fail(ctx, "list nodes", err)
-	}
 	resp := &controlv1.ListNodesResponse{}
-	resp.Nodes, resp.NextPageToken, err = collectPage(p, rows, func(r pgx.Rows) (*controlv1.Node, pageKey, error) {
-		n, err := scanNode(r)
-		return n, pageKey{ID: n.GetId()}, err
+	err = h.readList(ctx, "list nodes", func(ctx context.Context, q pgdb.Querier) error {
+		rows, err := q.Query(ctx, listNodesSQL, p.after.ID, dbName(nodeStates, m.GetState()), m.GetPoolId(), p.limit(), m.GetCordonedOnly())
+		if err != nil {
+			return err
+		}
+		resp.Nodes, resp.NextPageToken, err = collectPage(p, rows, func(r pgx.Rows) (*controlv1.Node, pageKey, error) {
+			n, err := scanNode(r)
+			return n, pageKey{ID: n.GetId()}, err
+		})
+		return err
 	})
 	if err != nil {
 		return nil, h.fail(ctx, "list nodes", err)

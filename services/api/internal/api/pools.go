@@ -75,14 +75,17 @@ func (h *Handler) ListPools(ctx context.Context, req *connect.Request[controlv1.
 	if err != nil {
 		return nil, err
 	}
-	rows, err := h.db.Query(ctx, listPoolsSQL, p.after.ID, p.limit())
-	if err != nil {
-		return nil, h.fail(ctx, "list pools", err)
-	}
 	resp := &controlv1.ListPoolsResponse{}
-	resp.Pools, resp.NextPageToken, err = collectPage(p, rows, func(r pgx.Rows) (*controlv1.Pool, pageKey, error) {
-		pool, err := scanPool(r)
-		return pool, pageKey{ID: pool.GetId()}, err
+	err = h.readList(ctx, "list pools", func(ctx context.Context, q pgdb.Querier) error {
+		rows, err := q.Query(ctx, listPoolsSQL, p.after.ID, p.limit())
+		if err != nil {
+			return err
+		}
+		resp.Pools, resp.NextPageToken, err = collectPage(p, rows, func(r pgx.Rows) (*controlv1.Pool, pageKey, error) {
+			pool, err := scanPool(r)
+			return pool, pageKey{ID: pool.GetId()}, err
+		})
+		return err
 	})
 	if err != nil {
 		return nil, h.fail(ctx, "list pools", err)
@@ -169,14 +172,17 @@ func (h *Handler) ListPoolLeases(ctx context.Context, req *connect.Request[contr
 	if err != nil {
 		return nil, err
 	}
-	rows, err := h.db.Query(ctx, listPoolLeasesSQL, p.after.after(), p.after.ID, m.GetPoolId(), m.GetTenant(), dbName(poolLeaseStates, m.GetState()), p.limit())
-	if err != nil {
-		return nil, h.fail(ctx, "list pool leases", err)
-	}
 	resp := &controlv1.ListPoolLeasesResponse{}
-	resp.PoolLeases, resp.NextPageToken, err = collectPage(p, rows, func(r pgx.Rows) (*controlv1.PoolLease, pageKey, error) {
-		l, created, err := scanPoolLease(r)
-		return l, pageKey{ID: l.GetId(), At: created.UnixMicro()}, err
+	err = h.readList(ctx, "list pool leases", func(ctx context.Context, q pgdb.Querier) error {
+		rows, err := q.Query(ctx, listPoolLeasesSQL, p.after.after(), p.after.ID, m.GetPoolId(), m.GetTenant(), dbName(poolLeaseStates, m.GetState()), p.limit())
+		if err != nil {
+			return err
+		}
+		resp.PoolLeases, resp.NextPageToken, err = collectPage(p, rows, func(r pgx.Rows) (*controlv1.PoolLease, pageKey, error) {
+			l, created, err := scanPoolLease(r)
+			return l, pageKey{ID: l.GetId(), At: created.UnixMicro()}, err
+		})
+		return err
 	})
 	if err != nil {
 		return nil, h.fail(ctx, "list pool leases", err)

@@ -482,15 +482,18 @@ func (h *Handler) ListRuns(ctx context.Context, req *connect.Request[controlv1.L
 	if err != nil {
 		return nil, err
 	}
-	rows, err := h.db.Query(ctx, listRunsSQL, p.after.after(), p.after.ID, dbName(runStates, m.GetState()), p.limit())
-	if err != nil {
-		return nil, h.fail(ctx, "list runs", err)
-	}
 	resp := &controlv1.ListRunsResponse{}
-	resp.Runs, resp.NextPageToken, err = collectPageWithin(p, rows, func(r pgx.Rows) (*controlv1.Run, pageKey, error) {
-		run, created, err := scanRun(r)
-		return run, pageKey{ID: run.GetId(), At: created.UnixMicro()}, err
-	}, func(r *controlv1.Run) int { return len(r.GetPayload()) }, maxListPayloadBytes)
+	err = h.readList(ctx, "list runs", func(ctx context.Context, q pgdb.Querier) error {
+		rows, err := q.Query(ctx, listRunsSQL, p.after.after(), p.after.ID, dbName(runStates, m.GetState()), p.limit())
+		if err != nil {
+			return err
+		}
+		resp.Runs, resp.NextPageToken, err = collectPageWithin(p, rows, func(r pgx.Rows) (*controlv1.Run, pageKey, error) {
+			run, created, err := scanRun(r)
+			return run, pageKey{ID: run.GetId(), At: created.UnixMicro()}, err
+		}, func(r *controlv1.Run) int { return len(r.GetPayload()) }, maxListPayloadBytes)
+		return err
+	})
 	if err != nil {
 		return nil, h.fail(ctx, "list runs", err)
 	}

@@ -48,6 +48,12 @@ type Deps struct {
 	// NotifyURL is a direct database URL to LISTEN on for finished
 	// commands (WaitCommand); "" polls only.
 	NotifyURL string
+	// ID is the process id: the read replica's connections report
+	// application_name "leasehold-api-read:<ID>".
+	ID string
+	// MaxConns caps the read replica's pool (--db-max-conns; 0: pgx's
+	// default). The primary's pool is DB, sized by its opener.
+	MaxConns int32
 }
 
 // Service is the api's dskit service: it listens in starting, serves in
@@ -65,6 +71,8 @@ type Service struct {
 	ln      net.Listener
 	serving atomic.Bool
 	reload  *reloaders
+	// reads is the read replica of --api.read-database-url; nil without.
+	reads *readReplica
 }
 
 // New builds the service; it listens only once started.
@@ -89,7 +97,16 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.handler = &Handler{db: deps.DB, log: log, waiter: s.waiter, wake: cmdwake.New(deps.DB, cmdwake.DefaultInterval, log),
+	if cfg.ReadDatabaseURL != "" {
+		name := "leasehold-api-read"
+		if deps.ID != "" {
+			name += ":" + deps.ID
+		}
+		if s.reads, err = newReadReplica(cfg, name, deps.MaxConns, deps.Registry, log.With("db", "read-replica")); err != nil {
+			return nil, err
+		}
+	}
+	s.handler = &Handler{db: deps.DB, reads: s.reads, log: log, waiter: s.waiter, wake: cmdwake.New(deps.DB, cmdwake.DefaultInterval, log),
 		defaultTimeout: cfg.DefaultCommandTimeout, maxPayload: cfg.MaxPayloadBytes, sinkEgress: cfg.SinkEgress, relay: relay}
 	m := newMetrics(deps.Registry, s.waiter)
 
@@ -160,8 +177,12 @@ func New(cfg Config, deps Deps) (*Service, error) {
 			return map[string]any{"serving": s.serving.Load(), "addr": s.Addr(), "tls": cfg.TLSCert != "",
 				"tokens": keys.Len(), "wait_commands": s.waiter.len()}
 		})
+		if s.reads != nil {
+			// Never a readiness check: the lists fall back to the primary.
+			deps.Health.AddDetail("api_read_replica", func(context.Context) any { return s.reads.detail() })
+		}
 	}
-	s.Service = services.NewBasicService(s.starting, s.running, nil).WithName("api")
+	s.Service = services.NewBasicService(s.starting, s.running, s.stopping).WithName("api")
 	return s, nil
 }
 
@@ -173,12 +194,26 @@ func (s *Service) Addr() string {
 	return s.ln.Addr().String()
 }
 
-func (s *Service) starting(context.Context) error {
+func (s *Service) starting(ctx context.Context) error {
 	ln, err := net.Listen("tcp", s.cfg.ListenAddr)
 	if err != nil {
 		return fmt.Errorf("listen on --listen-addr %s: %w", s.cfg.ListenAddr, err)
 	}
+	if s.reads != nil {
+		if err := s.reads.open(ctx); err != nil {
+			_ = ln.Close()
+			return err
+		}
+	}
 	s.ln = ln
+	return nil
+}
+
+// stopping closes the read replica's pool once no call is served.
+func (s *Service) stopping(error) error {
+	if s.reads != nil {
+		s.reads.close()
+	}
 	return nil
 }
 
@@ -198,6 +233,13 @@ func (s *Service) running(ctx context.Context) error {
 	go func() { defer close(waiterDone); s.waiter.run(waitCtx) }()
 	reloadDone := make(chan struct{})
 	go func() { defer close(reloadDone); s.reload.run(waitCtx, s.cfg) }()
+	probeDone := make(chan struct{})
+	go func() {
+		defer close(probeDone)
+		if s.reads != nil {
+			s.reads.run(waitCtx)
+		}
+	}()
 
 	s.checker.SetStatus("", grpchealth.StatusServing)
 	s.checker.SetStatus(controlv1connect.ControlServiceName, grpchealth.StatusServing)
@@ -220,6 +262,7 @@ func (s *Service) running(ctx context.Context) error {
 	stopWaiter()
 	<-waiterDone
 	<-reloadDone
+	<-probeDone
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownGrace)
 	defer cancel()
 	if err := s.srv.Shutdown(shutdownCtx); err != nil {
