@@ -174,7 +174,7 @@ func (r *readReplica) route() string {
 	return ""
 }
 
-// fault reports whether err, from a call to the replica, says the replica
+// readFault reports whether err, from a call to the replica, says the replica
 // (not the request) is at fault: the primary answers the call instead.
 // Besides lost and refused connections (a dial the standby check refused
 // included) these are the errors a standby gives and a primary would not:
