@@ -131,12 +131,12 @@ UPDATE nodes SET state = 'disconnected', updated_at = compute_now()
 // sets acked_at on its own node's dispatched command and changes nothing
 // any index names, so it is a HOT update; readers show such a command as
 // acknowledged (command_state). The batch never holds an ack or a cancel
-// ack and a result for the same command, so no row is changed twice. The
-// two updates of commands also name their ids as an array (id = ANY), so
-// a generic plan made while the table was tiny (a fresh install, before
-// autovacuum's first ANALYZE) costs one pass over it per batch, not one per
-// result (BenchmarkGroupCommit with such a plan: 175 ms a batch of 20
-// without, 22.5 ms with; 1.5-2.5 ms with current statistics). When
+// ack and a result for the same command, so no row is changed twice.
+// Whether a result was stored is an uncorrelated IN over fin, which
+// PostgreSQL runs as one hashed subplan: the generic plan guesses ten rows
+// for every unnest and CTE, and a join or a correlated EXISTS against fin
+// became a nested loop, quadratic in the batch (a batch of 1,000 results
+// and 1,000 acks: 182 ms, 156 of them in that loop). When
 // a result is stored, one NOTIFY on leasehold_command_done (empty payload,
 // once per batch) wakes the api's WaitCommand.
 //
@@ -163,7 +163,7 @@ WITH r AS (
                  WHEN r.exit_code <> 0 OR r.error <> '' THEN 'failed' ELSE 'succeeded' END,
     finished_at = CASE WHEN c.state IN ('pending', 'dispatched', 'acknowledged') THEN compute_now() ELSE c.finished_at END
     FROM r
-   WHERE c.id = ANY($5::text[]) AND c.id = r.command_id AND c.node_id = r.node_id AND c.result_id IS NULL
+   WHERE c.id = r.command_id AND c.node_id = r.node_id AND c.result_id IS NULL
      AND NOT EXISTS (SELECT 1 FROM command_results x WHERE x.command_id = r.command_id)
   RETURNING r.i
 ), a AS (
@@ -171,7 +171,7 @@ WITH r AS (
 ), acked AS (
   UPDATE commands c SET acked_at = compute_now()
     FROM a
-   WHERE c.id = ANY($14::text[]) AND c.id = a.command_id AND c.node_id = a.node_id AND c.state = 'dispatched' AND c.acked_at IS NULL
+   WHERE c.id = a.command_id AND c.node_id = a.node_id AND c.state = 'dispatched' AND c.acked_at IS NULL
   RETURNING c.id
 ), e AS (
   SELECT * FROM unnest($15::int[], $16::text[], $17::text[], $18::text[], $19::text[], $20::timestamptz[], $21::bigint[], $22::bigint[])
@@ -206,19 +206,19 @@ WITH r AS (
      AND c.cancel_requested_at IS NOT NULL AND c.cancel_confirmed_at IS NULL
   RETURNING c.id
 )
-SELECT r.i, CASE WHEN f.i IS NOT NULL THEN 'stored'
+SELECT r.i, CASE WHEN r.i IN (SELECT i FROM fin) THEN 'stored'
                  WHEN c.id IS NULL THEN 'unknown'
                  WHEN c.node_id <> r.node_id THEN 'denied'
                  WHEN c.result_id = r.id
                    OR EXISTS (SELECT 1 FROM command_results x WHERE x.node_id = r.node_id AND x.id = r.id) THEN 'duplicate'
                  ELSE 'ignored' END,
        CASE WHEN c.node_id = r.node_id THEN c.traceparent END
-  FROM r LEFT JOIN fin f ON f.i = r.i LEFT JOIN commands c ON c.id = r.command_id
+  FROM r LEFT JOIN commands c ON c.id = r.command_id
 UNION ALL
 SELECT a.i, CASE WHEN c.node_id IS NOT NULL AND c.node_id <> a.node_id THEN 'denied' ELSE 'ok' END, NULL::text
   FROM a LEFT JOIN commands c ON c.id = a.command_id
 UNION ALL
-SELECT e.i, CASE WHEN EXISTS (SELECT 1 FROM evins x WHERE x.node_id = e.node_id AND x.id = e.id) THEN 'stored' ELSE 'duplicate' END, NULL::text
+SELECT e.i, CASE WHEN (e.node_id, e.id) IN (SELECT node_id, id FROM evins) THEN 'stored' ELSE 'duplicate' END, NULL::text
   FROM e
 UNION ALL
 SELECT o.i, CASE WHEN c.id IS NULL THEN 'unknown'
