@@ -3,9 +3,11 @@ package pgtest
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -22,6 +24,11 @@ type Plan struct {
 	SortOnDisk bool
 	// SeqScans names the relations some node read by a sequential scan.
 	SeqScans []string
+	// RowsVisited is the rows every node of the plan produced, times its
+	// loops, summed: a statement whose work is linear in its input keeps
+	// it a small multiple of the input; a nested loop over a batch for
+	// each row of the batch makes it quadratic.
+	RowsVisited int64
 }
 
 // Explain runs sql with args under EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)
@@ -39,11 +46,51 @@ func Explain(t testing.TB, q interface {
 	}
 	require.NoError(t, json.Unmarshal(raw, &out))
 	require.Len(t, out, 1)
-	p := Plan{ExecMs: out[0].ExecutionTime}
+	return planOf(out[0].Plan, out[0].ExecutionTime)
+}
+
+// ExplainGeneric is Explain of sql as PostgreSQL runs it from a generic
+// plan (plan_cache_mode = force_generic_plan), the way a process that plans
+// once per connection runs it: sql is prepared with the parameter types
+// types and executed under EXPLAIN with literals, SQL literals of those
+// types (EXPLAIN EXECUTE takes no protocol parameters). Generic plans know
+// nothing of the arguments (every array and set-returning function is
+// guessed at ten rows), which is what a test of such a statement must
+// face. It uses a connection of its own from pool and runs the statement
+// for real.
+func ExplainGeneric(t testing.TB, pool interface {
+	Acquire(context.Context) (*pgxpool.Conn, error)
+}, sql string, types, literals []string) Plan {
+	t.Helper()
+	require.Len(t, literals, len(types))
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan")
+	require.NoError(t, err)
+	defer func() { _, _ = conn.Exec(ctx, "DEALLOCATE pgtest_generic; RESET plan_cache_mode") }()
+	_, err = conn.Exec(ctx, "PREPARE pgtest_generic("+strings.Join(types, ", ")+") AS "+sql)
+	require.NoError(t, err)
+	var raw []byte
+	require.NoError(t, conn.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE pgtest_generic("+strings.Join(literals, ", ")+")").Scan(&raw))
+	var out []struct {
+		Plan          map[string]any `json:"Plan"`
+		ExecutionTime float64        `json:"Execution Time"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &out))
+	require.Len(t, out, 1)
+	return planOf(out[0].Plan, out[0].ExecutionTime)
+}
+
+// planOf reads a Plan from the root node of EXPLAIN's JSON.
+func planOf(root map[string]any, execMs float64) Plan {
+	p := Plan{ExecMs: execMs}
 	num := func(n map[string]any, k string) int64 { f, _ := n[k].(float64); return int64(f) }
-	p.Blocks = num(out[0].Plan, "Shared Hit Blocks") + num(out[0].Plan, "Shared Read Blocks")
+	p.Blocks = num(root, "Shared Hit Blocks") + num(root, "Shared Read Blocks")
 	var walk func(n map[string]any)
 	walk = func(n map[string]any) {
+		p.RowsVisited += num(n, "Actual Rows") * max(num(n, "Actual Loops"), 1)
 		if n["Sort Space Type"] == "Disk" {
 			p.SortOnDisk = true
 		}
@@ -56,7 +103,7 @@ func Explain(t testing.TB, q interface {
 			walk(k.(map[string]any))
 		}
 	}
-	walk(out[0].Plan)
+	walk(root)
 	return p
 }
 
