@@ -24,7 +24,7 @@ func TestScaleSmoke(t *testing.T) {
 	}
 	t.Setenv("LEASEHOLD_DATABASE_URL", "") // a throwaway local cluster: its CPU is read from /proc
 	c := config{nodes: []int{20, 60}, gateways: 1, perProcess: 40, helloRate: 200, creators: 4, perNodePerMinute: 60,
-		commands: true, warmup: 2 * time.Second, commandWarmup: 2 * time.Second, window: 4 * time.Second,
+		commands: true, warmup: time.Second, commandWarmup: time.Second, window: 3 * time.Second,
 		drain: 10 * time.Second, headroom: 0.5, cores: []int{2, 8}, producer: "sql"}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
