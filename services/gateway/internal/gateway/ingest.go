@@ -364,12 +364,17 @@ func (g *Gateway) writeBatch(ctx context.Context, batch []*ingestItem) ([]string
 			kI, kNode, kCmd, kOutcome = append(kI, int32(i)), append(kNode, it.s.nodeID), append(kCmd, it.id), append(kOutcome, it.stream)
 		}
 	}
-	rows, err := g.db.Query(ctx, ingestSQL, g.id,
+	args := []any{g.id,
 		rI, rNode, rID, rCmd, rExit, rOut, rErr, rStart, rFin, rEpoch,
-		aI, aNode, aCmd,
-		eI, eNode, eID, eKind, ePayload, eOcc, eEpoch, eBoot,
-		oI, oNode, oCmd, oOff, oStream, oData, g.cfg.OutputCap,
-		kI, kNode, kCmd, kOutcome, oTrunc)
+		aI, aNode, aCmd}
+	stmt := ingestReportsSQL
+	if len(eI)+len(oI)+len(kI) > 0 {
+		stmt = ingestSQL
+		args = append(args, eI, eNode, eID, eKind, ePayload, eOcc, eEpoch, eBoot,
+			oI, oNode, oCmd, oOff, oStream, oData, g.cfg.OutputCap,
+			kI, kNode, kCmd, kOutcome, oTrunc)
+	}
+	rows, err := g.db.Query(ctx, stmt, args...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("group commit of %d reports: %w", len(batch), err)
 	}
