@@ -29,7 +29,14 @@ import (
 const Channel = pgnotify.Commands
 
 // DefaultInterval is the shortest time between two NOTIFYs of a Notifier.
-const DefaultInterval = 5 * time.Millisecond
+// A Notifier that has been quiet longer sends at once, so a lone command
+// is not delayed; under a steady stream the gateways wake at most this
+// often and dispatch what gathered. 20 ms rather than 5: at 1,250
+// commands/s the throughput bench measured 1.46-1.49 statements and
+// 0.67-0.80 ms of PostgreSQL CPU per command against 1.93-1.94 and
+// 0.89-0.91 ms, with create-to-done p99 0.10-0.14 s against 0.14-0.18 s
+// (bigger dispatch and group-commit batches).
+const DefaultInterval = 20 * time.Millisecond
 
 // maxPayload keeps a payload under PostgreSQL's 8,000-byte limit; a longer
 // list becomes "" (every session).
