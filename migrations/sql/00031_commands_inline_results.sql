@@ -12,8 +12,9 @@
 -- * keeps "acknowledged" out of every index: the gateway records an ack as
 --   acked_at alone, which no index names, so the ack is a HOT update. The
 --   state a reader shows is command_state(state, acked_at).
--- * leaves a fifth of each new heap page free (fillfactor 80), so HOT
---   updates find room beside the row they replace.
+-- The table keeps the default fillfactor: leaving a fifth of each page
+-- free for HOT updates was measured and made overload worse (docs/
+-- decisions.md, "What a command costs PostgreSQL").
 --
 -- Rolling upgrade: a gateway of the previous release keeps writing
 -- command_results rows and the 'acknowledged' state, and both stay valid.
@@ -38,7 +39,6 @@ ALTER TABLE commands
     ADD COLUMN result_gateway_id    text,
     ADD COLUMN result_session_epoch bigint;
 
-ALTER TABLE commands SET (fillfactor = 80);
 
 -- command_state is the state a reader shows: a dispatched command with an
 -- ack is acknowledged, whichever release's gateway recorded the ack.
@@ -67,7 +67,6 @@ SELECT node_id, id, command_id, exit_code, output, error, started_at, finished_a
 -- +goose Down
 DROP VIEW command_results_all;
 DROP FUNCTION command_state(text, timestamptz);
-ALTER TABLE commands RESET (fillfactor);
 ALTER TABLE commands
     DROP COLUMN result_id,
     DROP COLUMN result_exit_code,
