@@ -17,6 +17,11 @@
 //     phases, 100 MiB of live output to a live reader (docs/node.md,
 //     "Figures"); it reports, and with -gate fails on a missed target.
 //
-// `make bench-failover`, `make bench-throughput`, `make bench-node` and
-// `make demo` run them.
+//   - cmd/scale: what connected nodes and their commands cost one
+//     PostgreSQL primary at 1,000, 5,000 and 10,000 nodes, a line fitted
+//     per 1,000 nodes and the nodes a primary holds at half its cores
+//     (docs/scaling.md).
+//
+// `make bench-failover`, `make bench-throughput`, `make bench-scale`,
+// `make bench-node` and `make demo` run them.
 package bench
