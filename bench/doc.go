@@ -16,7 +16,6 @@
 //     targets: idle RSS and CPU, exec /bin/true create-to-done and its
 //     phases, 100 MiB of live output to a live reader (docs/node.md,
 //     "Figures"); it reports, and with -gate fails on a missed target.
-//
 //   - cmd/scale: what connected nodes and their commands cost one
 //     PostgreSQL primary at 1,000, 5,000 and 10,000 nodes, a line fitted
 //     per 1,000 nodes and the nodes a primary holds at half its cores
