@@ -110,23 +110,9 @@ func status(ctx context.Context, p *goose.Provider) (Status, error) {
 // refuses (ErrDatabaseNewer) a database newer than the binary before applying
 // anything.
 func Up(ctx context.Context, db *sql.DB, logger *slog.Logger) (Status, error) {
-	p, err := newProvider(db, true)
-	if err != nil {
-		return Status{}, err
-	}
-	if _, err := status(ctx, p); err != nil {
-		return Status{}, err
-	}
-	results, err := p.Up(ctx)
-	if err != nil {
-		return Status{}, fmt.Errorf("apply migrations: %w", err)
-	}
-	for _, r := range results {
-		if logger != nil {
-			logger.Info("migration applied", "version", r.Source.Version, "path", r.Source.Path, "duration", r.Duration)
-		}
-	}
-	return status(ctx, p)
+	return apply(ctx, db, logger, "apply migrations", func(ctx context.Context, p *goose.Provider) ([]*goose.MigrationResult, error) {
+		return p.Up(ctx)
+	})
 }
 
 // UpTo applies the pending migrations up to and including version and
@@ -134,6 +120,17 @@ func Up(ctx context.Context, db *sql.DB, logger *slog.Logger) (Status, error) {
 // a release working against the schema of the next one. It refuses a
 // database newer than the binary, as Up does.
 func UpTo(ctx context.Context, db *sql.DB, version int64, logger *slog.Logger) (Status, error) {
+	return apply(ctx, db, logger, fmt.Sprintf("apply migrations up to %d", version),
+		func(ctx context.Context, p *goose.Provider) ([]*goose.MigrationResult, error) {
+			return p.UpTo(ctx, version)
+		})
+}
+
+// apply runs up on a locking provider once the database is known not to be
+// newer than the binary, logs each migration applied and returns the
+// resulting status; what names the step in errors.
+func apply(ctx context.Context, db *sql.DB, logger *slog.Logger, what string,
+	up func(context.Context, *goose.Provider) ([]*goose.MigrationResult, error)) (Status, error) {
 	p, err := newProvider(db, true)
 	if err != nil {
 		return Status{}, err
@@ -141,9 +138,9 @@ func UpTo(ctx context.Context, db *sql.DB, version int64, logger *slog.Logger) (
 	if _, err := status(ctx, p); err != nil {
 		return Status{}, err
 	}
-	results, err := p.UpTo(ctx, version)
+	results, err := up(ctx, p)
 	if err != nil {
-		return Status{}, fmt.Errorf("apply migrations up to %d: %w", version, err)
+		return Status{}, fmt.Errorf("%s: %w", what, err)
 	}
 	for _, r := range results {
 		if logger != nil {
