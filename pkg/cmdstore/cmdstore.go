@@ -112,7 +112,13 @@ func Insert(ctx context.Context, q pgdb.Querier, c Command) (Inserted, error) {
 	}
 	// The key is taken: the insert waited for the other transaction, so
 	// the row is committed and visible to this new statement.
-	in.Created = false
+	return byKey(ctx, q, c)
+}
+
+// byKey reads the command c's idempotency key already names on its node,
+// as an Inserted with Created false.
+func byKey(ctx context.Context, q pgdb.Querier, c Command) (Inserted, error) {
+	var in Inserted
 	if err := q.QueryRow(ctx, `SELECT id, kind, payload FROM commands WHERE node_id = $1 AND idempotency_key = $2`,
 		c.NodeID, c.IdempotencyKey).Scan(&in.ID, &in.Kind, &in.Payload); err != nil {
 		return Inserted{}, fmt.Errorf("read command of key %q for %s: %w", c.IdempotencyKey, c.NodeID, err)
@@ -210,13 +216,9 @@ func InsertMany(ctx context.Context, q pgdb.Querier, cmds []Command) ([]Inserted
 	// Keys already taken: the insert waited for their transactions, so
 	// the rows are committed and visible to a new statement.
 	for _, i := range taken {
-		c := cmds[i]
-		in := Inserted{}
-		if err := q.QueryRow(ctx, `SELECT id, kind, payload FROM commands WHERE node_id = $1 AND idempotency_key = $2`,
-			c.NodeID, c.IdempotencyKey).Scan(&in.ID, &in.Kind, &in.Payload); err != nil {
-			return nil, nil, fmt.Errorf("read command of key %q for %s: %w", c.IdempotencyKey, c.NodeID, err)
+		if out[i], err = byKey(ctx, q, cmds[i]); err != nil {
+			return nil, nil, err
 		}
-		out[i] = in
 	}
 	return out, refused, nil
 }
