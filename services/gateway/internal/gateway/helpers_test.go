@@ -91,6 +91,19 @@ func registerNodes(t testing.TB, db *pgtest.DB, prefix string, n int) []string {
 	return creds
 }
 
+// oneNodeSession starts a gateway with cfg on a fresh database, registers
+// one node (n-0) and returns a raw session that node has opened and been
+// welcomed on.
+func oneNodeSession(t testing.TB, cfg Config) (*pgtest.DB, *Gateway, *rawSession) {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	g := startGateway(t, db, cfg)
+	creds := registerNodes(t, db, "n", 1)
+	s := dialRaw(t, g.Addr())
+	s.welcome(t, "n-0", creds[0])
+	return db, g, s
+}
+
 func h2cClient() *http.Client {
 	p := new(http.Protocols)
 	p.SetUnencryptedHTTP2(true)

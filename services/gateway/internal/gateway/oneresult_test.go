@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
-	"github.com/leasehold/leasehold/pkg/pgtest"
 )
 
 // TestOneResultPerCommand: two results with different ids for one command
@@ -17,11 +16,7 @@ import (
 // rule by construction.
 func TestOneResultPerCommand(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	g := startGateway(t, db, testConfig())
-	creds := registerNodes(t, db, "n", 1)
-	s := dialRaw(t, g.Addr())
-	s.welcome(t, "n-0", creds[0])
+	db, g, s := oneNodeSession(t, testConfig())
 	result := func(id, rid string, exit int32) *nodev1.ConnectRequest {
 		return &nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_CommandResult{CommandResult: &nodev1.CommandResult{
 			CommandId: id, ResultId: rid, ExitCode: exit}}}
@@ -54,11 +49,7 @@ func TestOneResultPerCommand(t *testing.T) {
 // duplicate, another id is ignored, and readers see the one result.
 func TestResultStoredByThePreviousReleaseCounts(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	g := startGateway(t, db, testConfig())
-	creds := registerNodes(t, db, "n", 1)
-	s := dialRaw(t, g.Addr())
-	s.welcome(t, "n-0", creds[0])
+	db, g, s := oneNodeSession(t, testConfig())
 	a := dispatchedTo(t, db, s, "n-0")
 	// What the previous release's group commit wrote for a result.
 	_, err := db.Pool.Exec(context.Background(), `

@@ -19,11 +19,7 @@ import (
 // its command failed; the session is not closed.
 func TestResultWithNULEndsItsCommand(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	g := startGateway(t, db, testConfig())
-	creds := registerNodes(t, db, "n", 1)
-	s := dialRaw(t, g.Addr())
-	s.welcome(t, "n-0", creds[0])
+	db, _, s := oneNodeSession(t, testConfig())
 	id := dispatchedTo(t, db, s, "n-0")
 	require.NoError(t, s.stream.Send(&nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_CommandResult{CommandResult: &nodev1.CommandResult{
 		CommandId: id, ResultId: id + "/1", ExitCode: 3, Error: "bad\x00bytes"}}}))

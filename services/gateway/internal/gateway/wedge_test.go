@@ -79,13 +79,9 @@ func sendOutput(s *rawSession, id string, base, total, piece int) <-chan error {
 // commit goes on exactly the cap is stored with its truncation marker.
 func TestOutputCappedBeforeQueueing(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
 	cfg := testConfig()
 	cfg.OutputCap = 256 << 10
-	g := startGateway(t, db, cfg)
-	creds := registerNodes(t, db, "n", 1)
-	s := dialRaw(t, g.Addr())
-	s.welcome(t, "n-0", creds[0])
+	db, g, s := oneNodeSession(t, cfg)
 	id := dispatchedTo(t, db, s, "n-0")
 
 	release := lockCommand(t, db, id)
@@ -114,13 +110,9 @@ func TestOutputCappedBeforeQueueing(t *testing.T) {
 // the commit goes on every byte is stored: backpressure, not loss.
 func TestOutputBudgetBoundsQueuedBytes(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
 	cfg := testConfig()
 	cfg.OutputCap = 1 << 30
-	g := startGateway(t, db, cfg)
-	creds := registerNodes(t, db, "n", 1)
-	s := dialRaw(t, g.Addr())
-	s.welcome(t, "n-0", creds[0])
+	db, g, s := oneNodeSession(t, cfg)
 	id := dispatchedTo(t, db, s, "n-0")
 
 	release := lockCommand(t, db, id)
@@ -167,14 +159,10 @@ SELECT count(*) FROM pg_stat_activity
 // acknowledged in time and the session stays up.
 func TestOutputFloodKeepsHeartbeats(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
 	cfg := testConfig()
 	cfg.HeartbeatInterval = 200 * time.Millisecond
 	cfg.OutputCap = 1 << 30
-	g := startGateway(t, db, cfg)
-	creds := registerNodes(t, db, "n", 1)
-	s := dialRaw(t, g.Addr())
-	s.welcome(t, "n-0", creds[0])
+	db, _, s := oneNodeSession(t, cfg)
 	id := dispatchedTo(t, db, s, "n-0")
 
 	// The daemon's timeout for this interval: min(2*interval+2s, 15s).
