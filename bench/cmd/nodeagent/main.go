@@ -160,9 +160,8 @@ type result struct {
 	Output   []outputResult `json:"output,omitempty"`
 }
 
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s  %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
-}
+// logf is harness.Logf.
+var logf = harness.Logf
 
 func main() {
 	var c config

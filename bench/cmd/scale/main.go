@@ -132,9 +132,8 @@ type result struct {
 	Note             string   `json:"note"`
 }
 
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s  %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
-}
+// logf is harness.Logf.
+var logf = harness.Logf
 
 func main() {
 	var c config

@@ -165,9 +165,8 @@ type result struct {
 	Ratio1    float64      `json:"ratio_leasehold_1gw_over_river_best"`
 }
 
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s  %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
-}
+// logf is harness.Logf.
+var logf = harness.Logf
 
 func main() {
 	var c config
