@@ -404,7 +404,7 @@ func measureIdle(ctx context.Context, c config, s *stack) ([]idleResult, error) 
 	out := make([]idleResult, len(s.agents))
 	t0 := make([]int64, len(s.agents))
 	for i, a := range s.agents {
-		out[i] = idleResult{Agent: s.nodeIDs[i], LoadStart: loadAvg()}
+		out[i] = idleResult{Agent: s.nodeIDs[i], LoadStart: harness.LoadAvg()}
 		t0[i], _ = cpuTicks(a.Cmd.Process.Pid)
 	}
 	start := time.Now()
@@ -440,7 +440,7 @@ func measureIdle(ctx context.Context, c config, s *stack) ([]idleResult, error) 
 		o.WindowS = el
 		o.CPUTicks = t1 - t0[i]
 		o.CPUPct = float64(o.CPUTicks) / 100 / el * 100
-		o.LoadEnd = loadAvg()
+		o.LoadEnd = harness.LoadAvg()
 		o.Runtime = scrapeRuntime(ctx, a)
 		o.RSSOK = float64(o.RSSMaxKiB) <= c.rssTargetMiB*1024
 		o.CPUOK = o.CPUPct <= c.cpuTargetPct
@@ -489,7 +489,7 @@ func measureExec(ctx context.Context, c config, s *stack) (*execResult, error) {
 			return nil, err
 		}
 	}
-	r := &execResult{N: c.execs, LoadStart: loadAvg(), Phases: map[string]harness.Dist{}}
+	r := &execResult{N: c.execs, LoadStart: harness.LoadAvg(), Phases: map[string]harness.Dist{}}
 	_ = s.db.ResetStatements(ctx)
 	c0 := sampleCosts(ctx, s)
 	var lat []time.Duration
@@ -505,7 +505,7 @@ func measureExec(ctx context.Context, c config, s *stack) (*execResult, error) {
 		}
 	}
 	c1 := sampleCosts(ctx, s)
-	r.LoadEnd = loadAvg()
+	r.LoadEnd = harness.LoadAvg()
 	r.Latency = harness.Summarize(lat)
 	for k, v := range ph {
 		r.Phases[k] = harness.Summarize(v)
@@ -591,7 +591,7 @@ func waitTerminal(ctx context.Context, s *stack, id string) (*controlv1.WaitComm
 
 func measureOutput(ctx context.Context, c config, s *stack, agent int, label string) (*outputResult, error) {
 	node := s.nodeIDs[agent]
-	r := &outputResult{Label: label, GatewayCap: 1 << 20, AgentMax: 8 << 20, Written: c.outputBytes, Source: c.outputSource, LoadStart: loadAvg()}
+	r := &outputResult{Label: label, GatewayCap: 1 << 20, AgentMax: 8 << 20, Written: c.outputBytes, Source: c.outputSource, LoadStart: harness.LoadAvg()}
 	if agent == 1 {
 		r.GatewayCap, r.AgentMax = c.bigCap, c.bigCap
 	}
@@ -706,7 +706,7 @@ func measureOutput(ctx context.Context, c config, s *stack, agent int, label str
 	c1 := sampleCosts(ctx, s)
 	var bench1 syscallTimes
 	bench1.read()
-	r.LoadEnd = loadAvg()
+	r.LoadEnd = harness.LoadAvg()
 	r.State = w.GetCommand().GetState().String()
 	r.Received, r.Truncated, r.TruncatedAt, r.Streams = d.n, d.trunc, d.truncAt, d.calls
 	if !d.first.IsZero() {
@@ -823,14 +823,6 @@ type syscallTimes struct{ ticks int64 }
 
 func (t *syscallTimes) read()         { t.ticks, _ = cpuTicks(os.Getpid()) }
 func (t *syscallTimes) secs() float64 { return float64(t.ticks) / 100 }
-
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	return strings.Join(strings.Fields(string(b))[:3], " ")
-}
 
 type bearer string
 
