@@ -2,6 +2,7 @@ package doctor_test
 
 import (
 	"context"
+	"log/slog"
 	"os/exec"
 	"path/filepath"
 	"sync"
@@ -81,8 +82,13 @@ func TestRestoredDumpReusesNoEpoch(t *testing.T) {
 	require.NoError(t, err)
 
 	acquired, lost := make(chan coord.Lease, 16), make(chan string, 16)
-	k, err := coord.NewKeeper(gw, coord.KeeperConfig{Name: "gateway:gw-live", TTL: 4 * time.Second, Renew: 100 * time.Millisecond, Trust: 2 * time.Second,
-		OnAcquired: func(l coord.Lease) { acquired <- l }, OnLost: func(_ coord.Lease, reason string) { lost <- reason }}, nil)
+	// A wide trust window: the test is about epochs, not timing, and under
+	// the race detector on a busy machine a take or renewal can take seconds
+	// (a take that returns after its trust window is thrown away and tried
+	// again, which on a 2 s window could go on for a minute).
+	k, err := coord.NewKeeper(gw, coord.KeeperConfig{Name: "gateway:gw-live", TTL: 30 * time.Second, Renew: 100 * time.Millisecond, Trust: 10 * time.Second,
+		OnAcquired: func(l coord.Lease) { acquired <- l }, OnLost: func(_ coord.Lease, reason string) { lost <- reason }},
+		slog.New(slog.NewTextHandler(t.Output(), nil))) // the keeper's retries show when a take is slow
 	require.NoError(t, err)
 	kctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
