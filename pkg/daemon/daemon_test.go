@@ -15,15 +15,12 @@ import (
 	"connectrpc.com/connect"
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/leasehold/leasehold/pkg/buildinfo"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1/nodev1connect"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 type stream = connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse]
 

@@ -10,12 +10,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/leasehold/leasehold/pkg/health"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // serve runs the health mux of token in an http.Server with the short
 // timeouts of a process's health server.

@@ -14,14 +14,11 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/leasehold/leasehold/pkg/daemon"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // syncBuffer is a live output stream as the daemon would send it.
 type syncBuffer struct {

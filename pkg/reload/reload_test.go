@@ -16,13 +16,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/leasehold/leasehold/pkg/reload"
 	"github.com/leasehold/leasehold/pkg/tlstest"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // install writes c over certFile and keyFile the way a Secret update does:
 // each file renamed into place, so a reader sees old or new, never half.

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/leasehold/leasehold/pkg/leakcheck"
 	"github.com/leasehold/leasehold/pkg/tlstest"
 )
 
@@ -26,7 +27,7 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(envDial); spec != "" {
 		os.Exit(dialMany(spec))
 	}
-	os.Exit(m.Run())
+	leakcheck.Main(m)
 }
 
 func dialMany(spec string) int {

@@ -1,0 +1,9 @@
+package daemon
+
+import (
+	"testing"
+
+	"github.com/leasehold/leasehold/pkg/leakcheck"
+)
+
+func TestMain(m *testing.M) { leakcheck.Main(m) }
