@@ -31,6 +31,9 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// ID is this process's identity (lease owner, log tag).
 	ID string
+	// InsecurePlaintext lets the program's listeners (Spec.Listeners) serve
+	// plaintext on addresses other than loopback (CheckPlaintext).
+	InsecurePlaintext bool
 }
 
 // RegisterFlags registers the flags of Config on f, each name under
@@ -47,6 +50,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.StringVar(&c.LogLevel, prefix+"log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&c.LogFormat, prefix+"log-format", "json", "log format: json or text")
 	f.DurationVar(&c.ShutdownTimeout, prefix+"shutdown-timeout", shutdown, "how long a graceful stop may take")
+	f.BoolVar(&c.InsecurePlaintext, prefix+InsecurePlaintextFlag, false, "let listeners that carry credentials or commands serve without TLS on addresses other than loopback (behind a TLS-terminating proxy only)")
 }
 
 // Validate checks the flags of RegisterFlags and names the offending one.

@@ -66,6 +66,10 @@ type Spec struct {
 	Flags func(fs *flag.FlagSet)
 	// Validate checks the program's own flags; its error names them.
 	Validate func() error
+	// Listeners, when set, lists the program's listeners that carry
+	// credentials or commands once the flags are valid; one that would
+	// serve plaintext beyond loopback refuses the start (CheckPlaintext).
+	Listeners func() []Listener
 	// Setup, when set, runs once logging, metrics and health exist and
 	// before Build (pkg/process opens the database here). The cleanup it
 	// returns runs after every component has stopped.
@@ -105,6 +109,9 @@ func Run(ctx context.Context, spec Spec, args []string, stderr *os.File) int {
 	err := cfg.Validate()
 	if spec.Validate != nil {
 		err = errors.Join(err, spec.Validate())
+	}
+	if err == nil && spec.Listeners != nil {
+		err = CheckPlaintext(spec.Listeners(), cfg.InsecurePlaintext)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: invalid configuration:\n%v\n", spec.Name, err)

@@ -54,6 +54,9 @@ type Spec struct {
 	Flags func(fs *flag.FlagSet)
 	// Validate checks the service's own flags.
 	Validate func() error
+	// Listeners lists the service's listeners that carry credentials or
+	// commands (lifecycle.Spec.Listeners).
+	Listeners func() []lifecycle.Listener
 	// Build constructs the service's components once the pool is open.
 	Build func(ctx context.Context, p *Process) ([]services.Service, error)
 }
@@ -83,7 +86,8 @@ func Run(ctx context.Context, spec Spec, args []string, stderr *os.File) int {
 			}
 			return err
 		},
-		Identity: func() (string, []any) { return cfg.ID, nil },
+		Listeners: spec.Listeners,
+		Identity:  func() (string, []any) { return cfg.ID, nil },
 		Setup: func(ctx context.Context, lp *lifecycle.Process) (func(), error) {
 			cfg.Config = lp.Config
 			var err error
