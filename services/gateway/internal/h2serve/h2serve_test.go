@@ -19,7 +19,6 @@ import (
 	"connectrpc.com/grpchealth"
 	"connectrpc.com/grpcreflect"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -27,10 +26,6 @@ import (
 
 	"github.com/leasehold/leasehold/pkg/tlstest"
 )
-
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
 
 const (
 	unaryPath  = "/test.Echo/Unary"

@@ -1,0 +1,9 @@
+package h2serve
+
+import (
+	"testing"
+
+	"github.com/leasehold/leasehold/pkg/leakcheck"
+)
+
+func TestMain(m *testing.M) { leakcheck.Main(m) }
