@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"time"
@@ -137,4 +138,72 @@ func ExampleComplete() {
 	// Output:
 	// first run: rearmed
 	// second run: deleted
+}
+
+// A failed run goes back to the queue with Fail, due again after a back-off
+// that grows with the key's attempts; the error stays on the row for the
+// next run (and for doctor) to see. A new enqueue may pull the key earlier,
+// and the attempts are kept, so the next failure backs off further.
+func ExampleFail() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pgtest.ExampleURL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	// A fixed draw (the middle of the range), so no retry lands at once.
+	backoff := queue.Backoff{Base: time.Minute, Max: time.Hour, Rand: func() float64 { return 0.5 }}
+
+	if _, err := queue.Enqueue(ctx, pool, "dns", "node-3", 0); err != nil {
+		log.Fatal(err)
+	}
+	shards := []int{coord.ShardOf("node-3")}
+	claimed, err := queue.Claim(ctx, pool, "dns", "worker-1", shards, 1, time.Minute)
+	if err != nil {
+		log.Fatal(err)
+	}
+	// The run (fenced in a real worker) failed and rolled back.
+	if _, err := queue.Fail(ctx, pool, claimed[0], errors.New("resolver unreachable"), backoff); err != nil {
+		log.Fatal(err)
+	}
+	again, err := queue.Claim(ctx, pool, "dns", "worker-1", shards, 1, time.Minute)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("claimable during the back-off:", len(again))
+
+	// The node changes: the wake-up pulls the key earlier than its retry.
+	if _, err := queue.Enqueue(ctx, pool, "dns", "node-3", 0); err != nil {
+		log.Fatal(err)
+	}
+	again, err = queue.Claim(ctx, pool, "dns", "worker-1", shards, 1, time.Minute)
+	if err != nil {
+		log.Fatal(err)
+	}
+	it := again[0]
+	fmt.Printf("claimed again: attempt %d, last error %q\n", it.Attempts, it.LastError)
+	fmt.Println("next failure waits up to:", backoff.Cap(it.Attempts))
+	// Output:
+	// claimable during the back-off: 0
+	// claimed again: attempt 2, last error "resolver unreachable"
+	// next failure waits up to: 2m0s
+}
+
+// Backoff draws a failed key's delay from [0, Cap(attempts)]: the cap
+// doubles with every failed attempt up to Max. Rand is set here only so the
+// example prints the same delays every time; left nil it is math/rand/v2's.
+func ExampleBackoff() {
+	b := queue.Backoff{Base: time.Second, Max: time.Minute, Rand: func() float64 { return 0.5 }}
+	for attempts := 1; attempts <= 8; attempts++ {
+		fmt.Printf("attempt %d failed: wait up to %v, drawn %v\n", attempts, b.Cap(attempts), b.Delay(attempts))
+	}
+	// Output:
+	// attempt 1 failed: wait up to 1s, drawn 500ms
+	// attempt 2 failed: wait up to 2s, drawn 1s
+	// attempt 3 failed: wait up to 4s, drawn 2s
+	// attempt 4 failed: wait up to 8s, drawn 4s
+	// attempt 5 failed: wait up to 16s, drawn 8s
+	// attempt 6 failed: wait up to 32s, drawn 16s
+	// attempt 7 failed: wait up to 1m0s, drawn 30s
+	// attempt 8 failed: wait up to 1m0s, drawn 30s
 }
