@@ -140,3 +140,24 @@ func ExampleOpenFileJournal() {
 	// c2: interrupted, not run again
 	// c3: new, run it
 }
+
+// Backoff spaces the daemon's redials: each delay is drawn from [0, bound],
+// the bound doubling from Base up to Max, and Reset once a session has been
+// stable starts again from Base. Rand is fixed here only so the example
+// prints the same delays every time.
+func ExampleBackoff() {
+	b := daemon.Backoff{Base: time.Second, Max: 10 * time.Second, Rand: func() float64 { return 0.5 }}
+	for range 5 {
+		bound := b.Bound()
+		fmt.Printf("wait %v (bound %v)\n", b.Next(), bound)
+	}
+	b.Reset()
+	fmt.Println("after a stable session, bound", b.Bound())
+	// Output:
+	// wait 500ms (bound 1s)
+	// wait 1s (bound 2s)
+	// wait 2s (bound 4s)
+	// wait 4s (bound 8s)
+	// wait 5s (bound 10s)
+	// after a stable session, bound 1s
+}
