@@ -67,6 +67,13 @@ database.maxConns=0 maxConns
 database.url=mysql://x url
 doctor.cron.schedule=often schedule
 unknownKey=1 unknownKey
+image.digests.api=latest digests
+image.digests.web=sha256:0 web
+serviceAccount.create=yes create
+extraVolumes[0].name=pg,extraVolumes[0].bogus=1 bogus
+api.extraVolumeMounts[0].name=pg mountPath
+doctor.cron.extraEnv[0].value=x name
+migrations.extraVolumes=pg extraVolumes
 CASES
 
 echo "== template guards without the schema (--skip-schema-validation)"
@@ -96,6 +103,36 @@ render --set tunnels.enabled=true >"$work/tunnels.yaml" || fail "tunnels.enabled
 grep -q -- '--gateway.relay-advertise-addr=$(POD_IP):9444' "$work/tunnels.yaml" || fail "tunnels: the gateway does not advertise its pod IP"
 grep -q -- '--api.relay-token-file=/etc/leasehold/relay-token/token' "$work/tunnels.yaml" || fail "tunnels: the api has no relay token"
 grep -q 'relay-token' "$work/default.yaml" && fail "tunnels are off by default, yet a relay token is mounted"
+
+echo "== ServiceAccount, image digests, extra volumes"
+sa=$(grep -c '^kind: ServiceAccount$' "$work/default.yaml" || true)
+[ "$sa" = 2 ] || fail "default values render $sa ServiceAccounts, want the release's and the migration hook's"
+pods=$(grep -cE '^ +(serviceAccountName): ' "$work/default.yaml" || true)
+tokens=$(grep -cE '^ *automountServiceAccountToken: false$' "$work/default.yaml" || true)
+[ "$pods" -ge 6 ] || fail "only $pods pod specs name a serviceAccountName"
+[ "$tokens" = $((pods + 2)) ] || fail "automountServiceAccountToken: false on $tokens objects, want every pod spec ($pods) and both ServiceAccounts"
+render --set serviceAccount.create=false >"$work/nosa.yaml"
+grep -q '^kind: ServiceAccount$' "$work/nosa.yaml" && fail "serviceAccount.create=false still renders a ServiceAccount"
+grep -qE '^ +serviceAccountName: default$' "$work/nosa.yaml" || fail "serviceAccount.create=false: pods do not use the default ServiceAccount"
+digest=sha256:$(printf '%064d' 7)
+render --set "image.digests.gateway=$digest" >"$work/digest.yaml"
+grep -qF "image: ghcr.io/leasehold/leasehold-gateway@$digest" "$work/digest.yaml" || fail "image.digests.gateway is not used"
+grep -qF 'image: ghcr.io/leasehold/leasehold-api:' "$work/digest.yaml" || fail "an image without a digest lost its tag"
+# A PostgreSQL CA for sslmode=verify-full, in every pod of the chart.
+render --set-json 'extraVolumes=[{"name":"pg-ca","secret":{"secretName":"leasehold-postgres-ca"}}]' \
+	--set-json 'extraVolumeMounts=[{"name":"pg-ca","mountPath":"/etc/leasehold/pg-ca","readOnly":true}]' \
+	--set-json 'extraEnv=[{"name":"PGSSLROOTCERT","value":"/etc/leasehold/pg-ca/ca.crt"}]' \
+	--set-json 'worker.extraEnv=[{"name":"WORKER_ONLY","value":"1"}]' >"$work/extra.yaml" ||
+	fail "extraVolumes/extraVolumeMounts/extraEnv were refused"
+n=$(grep -c 'secretName: leasehold-postgres-ca' "$work/extra.yaml" || true)
+[ "$n" = 7 ] || fail "the global extraVolumes reached $n pods, want 7 (5 Deployments, the CronJob, the Job)"
+n=$(grep -c 'mountPath: /etc/leasehold/pg-ca' "$work/extra.yaml" || true)
+[ "$n" = 7 ] || fail "the global extraVolumeMounts reached $n containers, want 7"
+n=$(grep -c 'name: PGSSLROOTCERT' "$work/extra.yaml" || true)
+[ "$n" = 7 ] || fail "the global extraEnv reached $n containers, want 7"
+n=$(grep -c 'name: WORKER_ONLY' "$work/extra.yaml" || true)
+[ "$n" = 1 ] || fail "worker.extraEnv reached $n containers, want 1"
+echo "ok"
 
 echo "== monitoring objects follow the cluster's APIs"
 mon=(--api-versions monitoring.coreos.com/v1/ServiceMonitor --api-versions monitoring.coreos.com/v1/PrometheusRule)

@@ -45,7 +45,43 @@ app.kubernetes.io/component: {{ .component }}
 {{- $img := .ctx.Values.image -}}
 {{- $repo := printf "%s%s" $img.repositoryPrefix .service -}}
 {{- if $img.registry }}{{ $repo = printf "%s/%s" (trimSuffix "/" $img.registry) $repo }}{{ end -}}
+{{- $digest := get (default (dict) $img.digests) .service -}}
+{{- if $digest -}}
+{{- printf "%s@%s" $repo $digest -}}
+{{- else -}}
 {{- printf "%s:%s" $repo (default .ctx.Chart.AppVersion $img.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* leasehold.serviceAccountName: the pods' ServiceAccount. */}}
+{{- define "leasehold.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "leasehold.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* leasehold.migrateServiceAccountName: the migration Job's ServiceAccount.
+     A pre-install hook runs before the release's own objects exist, so with
+     serviceAccount.create the Job gets a hook ServiceAccount of its own. */}}
+{{- define "leasehold.migrateServiceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- printf "%s-migrate" (include "leasehold.serviceAccountName" .) | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- include "leasehold.serviceAccountName" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* leasehold.merge: dict base (YAML list text, may be empty), global and
+     own (lists from values): one YAML list text, base first. For volumes,
+     volumeMounts and env: the chart's own, then extraX, then <component>.extraX. */}}
+{{- define "leasehold.merge" -}}
+{{- $parts := list -}}
+{{- with .base }}{{ $parts = append $parts (trim .) }}{{ end -}}
+{{- with .global }}{{ $parts = append $parts (toYaml . | trim) }}{{ end -}}
+{{- with .own }}{{ $parts = append $parts (toYaml . | trim) }}{{ end -}}
+{{- join "\n" $parts -}}
 {{- end -}}
 
 {{/* Monitoring ----------------------------------------------------------- */}}
@@ -229,6 +265,7 @@ spec:
       imagePullSecrets:
         {{- toYaml . | nindent 8 }}
       {{- end }}
+      serviceAccountName: {{ include "leasehold.serviceAccountName" $ctx }}
       automountServiceAccountToken: false
       enableServiceLinks: false
       terminationGracePeriodSeconds: {{ $v.terminationGracePeriodSeconds }}
@@ -259,11 +296,8 @@ spec:
             {{- end }}
           env:
             {{- include "leasehold.env" $ctx | nindent 12 }}
-            {{- with .env }}
+            {{- with include "leasehold.merge" (dict "base" .env "global" $ctx.Values.extraEnv "own" $v.extraEnv) }}
             {{- . | nindent 12 }}
-            {{- end }}
-            {{- with $v.extraEnv }}
-            {{- toYaml . | nindent 12 }}
             {{- end }}
           ports:
             - name: health
@@ -283,11 +317,11 @@ spec:
             {{- toYaml $v.resources | nindent 12 }}
           securityContext:
             {{- toYaml $ctx.Values.securityContext | nindent 12 }}
-          {{- with .volumeMounts }}
+          {{- with include "leasehold.merge" (dict "base" .volumeMounts "global" $ctx.Values.extraVolumeMounts "own" $v.extraVolumeMounts) }}
           volumeMounts:
             {{- . | nindent 12 }}
           {{- end }}
-      {{- with .volumes }}
+      {{- with include "leasehold.merge" (dict "base" .volumes "global" $ctx.Values.extraVolumes "own" $v.extraVolumes) }}
       volumes:
         {{- . | nindent 8 }}
       {{- end }}
