@@ -33,6 +33,7 @@ import (
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1/controlv1connect"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/enroll/v1/enrollv1connect"
 	"github.com/leasehold/leasehold/pkg/health"
+	"github.com/leasehold/leasehold/pkg/reload"
 )
 
 // Deps are what the api service needs from its process.
@@ -93,10 +94,11 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	}
 	s.checker.SetStatus("", grpchealth.StatusNotServing)
 	s.checker.SetStatus(controlv1connect.ControlServiceName, grpchealth.StatusNotServing)
-	relay, err := newRelayDialer(cfg.RelayTokenFile)
+	relay, err := newRelayDialer(cfg, reload.Options{Logger: log, Registerer: deps.Registry})
 	if err != nil {
 		return nil, err
 	}
+	reloaders.watchers = append(reloaders.watchers, relay.watchers()...)
 	if cfg.ReadDatabaseURL != "" {
 		name := "leasehold-api-read"
 		if deps.ID != "" {

@@ -29,6 +29,7 @@ import (
 	relayv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/relay/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/relay/v1/relayv1connect"
 	"github.com/leasehold/leasehold/pkg/relaytoken"
+	"github.com/leasehold/leasehold/pkg/reload"
 )
 
 // maxTunnelChunk is the most bytes a caller may send in one tunnel message.
@@ -40,31 +41,67 @@ const tunnelEndWait = 5 * time.Second
 
 type tunnelBodyKey struct{}
 
-// relayDialer reaches gateways' relay listeners with the shared token.
+// relayDialer reaches gateways' relay listeners: over TLS with the api's
+// client certificate when --api.relay-tls.* files are given (else h2c),
+// with the shared token when --api.relay-token-file is given.
 type relayDialer struct {
-	client *http.Client
-	token  string
+	client     *http.Client
+	scheme     string            // "https" or "http"
+	token      *relaytoken.Token // nil: no token
+	tls        *reload.ClientTLS // nil: h2c
+	serverName string
 }
 
-// newRelayDialer reads --api.relay-token-file; nil without one (tunnels
-// are then refused FAILED_PRECONDITION).
-func newRelayDialer(path string) (*relayDialer, error) {
-	if path == "" {
+// newRelayDialer loads the relay's token and TLS files; nil without
+// either (tunnels are then refused FAILED_PRECONDITION).
+func newRelayDialer(cfg Config, opts reload.Options) (*relayDialer, error) {
+	if cfg.RelayTokenFile == "" && cfg.RelayTLS.Empty() {
 		return nil, nil
 	}
-	tok, err := relaytoken.Read("--api.relay-token-file", path)
-	if err != nil {
-		return nil, err
+	d := &relayDialer{scheme: "http", serverName: cfg.RelayServerName}
+	if cfg.RelayTokenFile != "" {
+		t, err := relaytoken.Watch("api-relay-token", "--api.relay-token-file", cfg.RelayTokenFile, opts)
+		if err != nil {
+			return nil, err
+		}
+		d.token = t
 	}
 	protocols := new(http.Protocols)
-	protocols.SetUnencryptedHTTP2(true)
 	tr := &http.Transport{
-		Protocols:   protocols,
 		DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		// A gateway host that vanishes without a RST is noticed by pings.
 		HTTP2: &http.HTTP2Config{SendPingTimeout: 10 * time.Second, PingTimeout: 5 * time.Second},
 	}
-	return &relayDialer{client: &http.Client{Transport: tr}, token: tok}, nil
+	if cfg.RelayTLS.Empty() {
+		protocols.SetUnencryptedHTTP2(true)
+	} else {
+		t, err := reload.NewClientTLS("api-relay", cfg.RelayTLS, opts)
+		if err != nil {
+			return nil, fmt.Errorf("load --api.relay-tls.ca-file %q / --api.relay-tls.cert-file %q / --api.relay-tls.key-file %q: %w",
+				cfg.RelayTLS.CA, cfg.RelayTLS.Cert, cfg.RelayTLS.Key, err)
+		}
+		d.tls, d.scheme = t, "https"
+		protocols.SetHTTP2(true)
+		tc := t.Config()
+		tc.NextProtos = []string{"h2"}
+		tc.ServerName = cfg.RelayServerName
+		tr.TLSClientConfig = tc
+	}
+	tr.Protocols = protocols
+	d.client = &http.Client{Transport: tr}
+	return d, nil
+}
+
+// watchers are the dialer's files to re-read.
+func (d *relayDialer) watchers() []*reload.Watcher {
+	var ws []*reload.Watcher
+	if d != nil && d.token != nil {
+		ws = append(ws, d.token.Watcher)
+	}
+	if d != nil && d.tls != nil && d.tls.Watcher != nil {
+		ws = append(ws, d.tls.Watcher)
+	}
+	return ws
 }
 
 // tunnelRouteSQL finds a node and, when it has a live session on a gateway
@@ -162,7 +199,7 @@ func (h *Handler) OpenTunnel(ctx context.Context, stream *connect.BidiStream[con
 		return cerr
 	}
 	if h.relay == nil {
-		return refuse(connect.NewError(connect.CodeFailedPrecondition, errors.New("tunnels are not enabled on this api (--api.relay-token-file)")))
+		return refuse(connect.NewError(connect.CodeFailedPrecondition, errors.New("tunnels are not enabled on this api (--api.relay-token-file or --api.relay-tls.*)")))
 	}
 	var (
 		revoked       bool
@@ -185,11 +222,13 @@ func (h *Handler) OpenTunnel(ctx context.Context, stream *connect.BidiStream[con
 
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	client := relayv1connect.NewGatewayRelayServiceClient(h.relay.client, "http://"+addr,
+	client := relayv1connect.NewGatewayRelayServiceClient(h.relay.client, h.relay.scheme+"://"+addr,
 		connect.WithReadMaxBytes(2*maxTunnelChunk), connect.WithSendMaxBytes(2*maxTunnelChunk),
 		connect.WithAcceptCompression("gzip", nil, nil)) // bytes as they are: no gzip per message
 	rs := client.RelayTunnel(rctx)
-	rs.RequestHeader().Set("Authorization", "Bearer "+h.relay.token)
+	if h.relay.token != nil {
+		rs.RequestHeader().Set("Authorization", "Bearer "+h.relay.token.Value())
+	}
 	actor := "unauthenticated"
 	if id, ok := IdentityFrom(ctx); ok {
 		actor = id.ID

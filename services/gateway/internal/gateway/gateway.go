@@ -131,9 +131,10 @@ type Gateway struct {
 
 	// tunnels are the open tunnels (tunnel.go); relayLn and relaySrv the
 	// relay listener (relay.go), nil without --gateway.relay-listen-addr.
-	tunnels  tunnelTable
-	relayLn  net.Listener
-	relaySrv *http.Server
+	tunnels   tunnelTable
+	relayAuth *relayAuth // nil without a relay
+	relayLn   net.Listener
+	relaySrv  *http.Server
 
 	// queuedOutput is the live output bytes queued for the group commit
 	// and not yet answered, over all sessions; queuedOutputPeak its
@@ -197,6 +198,9 @@ func New(cfg Config, deps Deps) (_ *Gateway, err error) {
 	g.checker.SetStatus(nodev1connect.NodeGatewayServiceName, grpchealth.StatusNotServing)
 	g.checker.SetStatus("", grpchealth.StatusNotServing)
 	if g.tls, err = loadTLS(cfg, deps); err != nil {
+		return nil, err
+	}
+	if g.relayAuth, err = loadRelayAuth(cfg, deps); err != nil {
 		return nil, err
 	}
 	if deps.Health != nil {

@@ -36,7 +36,15 @@ func TestConfigRefusesBadOrderings(t *testing.T) {
 	c = Defaults()
 	require.Empty(t, c.RelayListenAddr, "no relay unless asked for")
 	c.RelayListenAddr = "127.0.0.1:0"
-	require.ErrorContains(t, c.Validate(), `--gateway.relay-listen-addr "127.0.0.1:0" needs --gateway.relay-token-file`)
+	require.ErrorContains(t, c.Validate(), `--gateway.relay-listen-addr "127.0.0.1:0" needs --gateway.relay-token-file or --gateway.relay-tls.client-ca-file`)
+	c.RelayTLS.ClientCA = "/ca.pem"
+	require.ErrorContains(t, c.Validate(), "--gateway.relay-tls.client-ca-file needs --gateway.relay-tls.cert-file", "client certificates need a handshake")
+	c.RelayTLS.Cert = "/relay.pem"
+	require.ErrorContains(t, c.Validate(), "--gateway.relay-tls.cert-file and --gateway.relay-tls.key-file go together")
+	c.RelayTLS.Key = "/relay-key.pem"
+	require.NoError(t, c.Validate(), "mTLS alone authenticates the api")
+	c.RelayClientName = ""
+	require.ErrorContains(t, c.Validate(), "--gateway.relay-tls.client-name must not be empty")
 	c = Defaults()
 	c.MaxTunnelsPerNode, c.MaxTunnels = 8, 4
 	require.ErrorContains(t, c.Validate(), "--gateway.max-tunnels-per-node 8 must be at least 1 and at most --gateway.max-tunnels 4")

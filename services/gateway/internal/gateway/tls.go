@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"sync"
 
 	"github.com/leasehold/leasehold/pkg/reload"
 )
@@ -32,9 +33,15 @@ func (g *Gateway) tlsConfig() (*tls.Config, error) {
 	return g.tls.ServerConfig(), nil
 }
 
-// reloadLoop re-reads the TLS files every --tls-reload-interval.
+// reloadLoop re-reads the TLS files, and the relay's files and token,
+// every --tls-reload-interval.
 func (g *Gateway) reloadLoop(ctx context.Context) {
+	var wg sync.WaitGroup
 	if g.tls != nil {
-		g.tls.Run(ctx, g.cfg.TLSReloadInterval)
+		wg.Go(func() { g.tls.Run(ctx, g.cfg.TLSReloadInterval) })
 	}
+	if g.relayAuth != nil {
+		wg.Go(func() { g.relayAuth.run(ctx, g.cfg.TLSReloadInterval) })
+	}
+	wg.Wait()
 }

@@ -249,7 +249,7 @@ func (g *Gateway) RelayTunnel(ctx context.Context, api *relayStream) error {
 		g.m.tunnelsRefused.WithLabelValues("no-session").Inc()
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("node %s's session on gateway %s ended; retry once it has reconnected", t.nodeID, g.id))
 	}
-	log := g.log.With("tunnel", t.id, "node", t.nodeID, "actor", open.GetActor())
+	log := g.log.With("tunnel", t.id, "node", t.nodeID, "actor", open.GetActor(), "caller", g.relayAuth.peer())
 
 	timer := g.clock.NewTimer(g.cfg.TunnelAttachTimeout)
 	var d *daemonSide
