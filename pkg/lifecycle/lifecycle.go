@@ -110,8 +110,8 @@ func Run(ctx context.Context, spec Spec, args []string, stderr *os.File) int {
 	if spec.Validate != nil {
 		err = errors.Join(err, spec.Validate())
 	}
-	if err == nil && spec.Listeners != nil {
-		err = CheckPlaintext(spec.Listeners(), cfg.InsecurePlaintext)
+	if spec.Listeners != nil {
+		err = errors.Join(err, CheckPlaintext(spec.Listeners(), cfg.InsecurePlaintext))
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: invalid configuration:\n%v\n", spec.Name, err)

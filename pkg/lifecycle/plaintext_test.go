@@ -51,9 +51,11 @@ func TestRunRefusesPlaintextBeyondLoopback(t *testing.T) {
 	addr := "0.0.0.0:0"
 	built := 0
 	spec := lifecycle.Spec{
-		Name:      "plain",
-		HTTPAddr:  "127.0.0.1:0",
-		Listeners: func() []lifecycle.Listener { return []lifecycle.Listener{{Flag: "listen-addr", Addr: addr, TLSFlag: "tls-cert"}} },
+		Name:     "plain",
+		HTTPAddr: "127.0.0.1:0",
+		Listeners: func() []lifecycle.Listener {
+			return []lifecycle.Listener{{Flag: "listen-addr", Addr: addr, TLSFlag: "tls-cert"}}
+		},
 		Build: func(context.Context, *lifecycle.Process) ([]services.Service, error) {
 			built++
 			return nil, context.Canceled // stop at once: only the refusal is under test

@@ -43,7 +43,8 @@ func main() {
 			cfg.RegisterFlags("", fs)
 			cfg.Tokens = os.Getenv(api.TokensEnv)
 		},
-		Validate: cfg.Validate,
+		Validate:  cfg.Validate,
+		Listeners: cfg.Listeners,
 		Build: func(ctx context.Context, p *process.Process) ([]services.Service, error) {
 			s, err := api.New(cfg, api.Deps{DB: p.DB, Logger: p.Logger, Registry: p.Registry, Health: p.Health, NotifyURL: p.Config.NotifyURL(),
 				ID: p.Config.ID, MaxConns: int32(p.Config.MaxConns)})

@@ -27,6 +27,7 @@ func main() {
 		GenericPlans: true,
 		Flags:        func(fs *flag.FlagSet) { cfg.RegisterFlags("", fs) },
 		Validate:     cfg.Validate,
+		Listeners:    cfg.Listeners,
 		Build: func(ctx context.Context, p *process.Process) ([]services.Service, error) {
 			g, err := gateway.New(cfg, gateway.Deps{
 				ID:        p.Config.ID,

@@ -8,6 +8,8 @@ import (
 
 	"github.com/leasehold/leasehold/pkg/apiauth"
 	"github.com/leasehold/leasehold/pkg/egress"
+	"github.com/leasehold/leasehold/pkg/lifecycle"
+	"github.com/leasehold/leasehold/pkg/reload"
 )
 
 // TokensEnv is the environment variable holding inline API tokens
@@ -59,8 +61,17 @@ type Config struct {
 	// re-read; a change takes effect without a restart (0: 10s).
 	ReloadInterval time.Duration
 	// RelayTokenFile holds the shared bearer token of the gateways' tunnel
-	// relays (their --gateway.relay-token-file); "" refuses OpenTunnel.
+	// relays (their --gateway.relay-token-file), re-read on change.
+	// OpenTunnel is refused unless it or RelayTLS is set.
 	RelayTokenFile string
+	// RelayTLS dials the relays over TLS: their certificates must chain to
+	// RelayTLS.CA and name RelayServerName (or the address dialled), and
+	// RelayTLS.Cert is the api's client certificate under the gateways'
+	// --gateway.relay-tls.client-ca-file. Re-read on change.
+	RelayTLS reload.ClientTLSFiles
+	// RelayServerName is the name every relay certificate must carry
+	// ("": the host of the address the gateway published).
+	RelayServerName string
 	// ReadDatabaseURL names a hot standby (a server in recovery) that
 	// serves the paginated list RPCs; "" serves everything from the
 	// primary. See readReplica for when a list still goes to the primary.
@@ -93,11 +104,20 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	c.SinkEgress.LoopbackFlag, c.SinkEgress.PrivateFlag = "--api.sink-allow-loopback", "--api.sink-allow-private"
 	f.BoolVar(&c.SinkEgress.AllowLoopback, prefix+"api.sink-allow-loopback", false, "accept sink URLs on loopback (tests and single-machine development only)")
 	f.BoolVar(&c.SinkEgress.AllowPrivate, prefix+"api.sink-allow-private", false, "accept sink URLs on private addresses (RFC 1918, 100.64.0.0/10, fc00::/7); metadata and link-local stay refused")
-	f.StringVar(&c.RelayTokenFile, prefix+"api.relay-token-file", "", "file holding the shared token of the gateways' tunnel relays (--gateway.relay-token-file); empty refuses OpenTunnel")
+	f.StringVar(&c.RelayTokenFile, prefix+"api.relay-token-file", "", "file holding the shared token of the gateways' tunnel relays (--gateway.relay-token-file), re-read on change; without it and without --api.relay-tls.* files OpenTunnel is refused")
+	f.StringVar(&c.RelayTLS.CA, prefix+"api.relay-tls.ca-file", "", "CA bundle (PEM) the gateways' relay certificates must chain to (dials the relays over TLS); re-read on change")
+	f.StringVar(&c.RelayTLS.Cert, prefix+"api.relay-tls.cert-file", "", "client certificate (PEM) the api presents to the relays (their --gateway.relay-tls.client-ca-file), with --api.relay-tls.key-file; re-read on change")
+	f.StringVar(&c.RelayTLS.Key, prefix+"api.relay-tls.key-file", "", "key (PEM) of --api.relay-tls.cert-file")
+	f.StringVar(&c.RelayServerName, prefix+"api.relay-tls.server-name", "", "name every relay certificate must carry (default: the host of the address each gateway published)")
 	f.StringVar(&c.ReadDatabaseURL, prefix+"api.read-database-url", "", "PostgreSQL URL of a hot standby that serves ListNodes, ListCommands, ListRuns, ListAuditEvents, ListPools and ListPoolLeases (every other call stays on --database-url); a list goes to the primary while the standby is unreachable or lags past --api.read-replica-max-lag")
 	f.BoolVar(&c.ReadPooler, prefix+"api.read-pooler", false, "--api.read-database-url goes through PgBouncer in transaction mode")
 	f.DurationVar(&c.ReadReplicaMaxLag, prefix+"api.read-replica-max-lag", 5*time.Second, "replay lag of --api.read-database-url past which lists go to the primary until it is back under")
 	f.DurationVar(&c.ReloadInterval, prefix+"api.reload-interval", 10*time.Second, "how often --tokens-file, --api.tls-cert and --api.tls-key are re-read (a change applies without restart)")
+}
+
+// Listeners lists the api's listener for lifecycle.CheckPlaintext.
+func (c *Config) Listeners() []lifecycle.Listener {
+	return []lifecycle.Listener{{Flag: "listen-addr", Addr: c.ListenAddr, TLS: c.TLSCert != "", TLSFlag: "api.tls-cert"}}
 }
 
 // Validate checks the configuration, naming the offending flag, and loads
@@ -109,6 +129,12 @@ func (c *Config) Validate() error {
 	}
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		errs = append(errs, errors.New("--api.tls-cert and --api.tls-key go together"))
+	}
+	if (c.RelayTLS.Cert == "") != (c.RelayTLS.Key == "") {
+		errs = append(errs, errors.New("--api.relay-tls.cert-file and --api.relay-tls.key-file go together"))
+	}
+	if c.RelayServerName != "" && c.RelayTLS.Empty() {
+		errs = append(errs, errors.New("--api.relay-tls.server-name needs --api.relay-tls.ca-file (or a client certificate): it names the relays' TLS certificates"))
 	}
 	if c.MaxMessageBytes < 1024 || c.MaxMessageBytes > 64<<20 {
 		errs = append(errs, fmt.Errorf("--api.max-message-bytes %d must be in 1024..%d", c.MaxMessageBytes, 64<<20))

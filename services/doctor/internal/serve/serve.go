@@ -5,6 +5,7 @@ package serve
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -26,6 +27,7 @@ import (
 	"github.com/leasehold/leasehold/pkg/health"
 	"github.com/leasehold/leasehold/pkg/lifecycle"
 	"github.com/leasehold/leasehold/pkg/process"
+	"github.com/leasehold/leasehold/pkg/reload"
 	"github.com/leasehold/leasehold/services/doctor/internal/doctor"
 )
 
@@ -40,6 +42,9 @@ type Config struct {
 	Interval time.Duration
 	// Token, when set, is the bearer token DoctorService requires.
 	Token string
+	// TLS serves ListenAddr over TLS when its Cert and Key are set; the
+	// files are re-read every minute.
+	TLS reload.TLSFiles
 }
 
 // RegisterFlags registers serve's flags on f, each name under prefix.
@@ -48,6 +53,14 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.StringVar(&c.ListenAddr, prefix+"listen-addr", "127.0.0.1:9446", "address of DoctorService (Connect, gRPC, gRPC-Web; h2c); empty serves it on --http-addr")
 	f.DurationVar(&c.Interval, prefix+"interval", 30*time.Second, "how often the checks run to refresh leasehold_doctor_finding")
 	f.StringVar(&c.Token, prefix+"api-token", "", "bearer token required by DoctorService (empty: none)")
+	f.StringVar(&c.TLS.Cert, prefix+"tls-cert", "", "TLS certificate (PEM) of --listen-addr, with --tls-key; re-read on change")
+	f.StringVar(&c.TLS.Key, prefix+"tls-key", "", "key (PEM) of --tls-cert")
+}
+
+// Listeners lists DoctorService's own listener for
+// lifecycle.CheckPlaintext.
+func (c *Config) Listeners() []lifecycle.Listener {
+	return []lifecycle.Listener{{Flag: "listen-addr", Addr: c.ListenAddr, TLS: c.TLS.Cert != "", TLSFlag: "tls-cert"}}
 }
 
 // Validate checks the configuration.
@@ -56,6 +69,12 @@ func (c *Config) Validate() error {
 	if c.Interval < time.Second {
 		errs = append(errs, fmt.Errorf("--interval %s must be at least 1s", c.Interval))
 	}
+	if (c.TLS.Cert == "") != (c.TLS.Key == "") {
+		errs = append(errs, errors.New("--tls-cert and --tls-key go together"))
+	}
+	if c.TLS.Cert != "" && c.ListenAddr == "" {
+		errs = append(errs, errors.New("--tls-cert needs --listen-addr (DoctorService on --http-addr is plaintext)"))
+	}
 	return errors.Join(c.Doctor.Validate(), errors.Join(errs...))
 }
 
@@ -63,10 +82,11 @@ func (c *Config) Validate() error {
 func Run(ctx context.Context, args []string, stderr *os.File) int {
 	var cfg Config
 	return process.Run(ctx, process.Spec{
-		Name:     "doctor",
-		HTTPAddr: "127.0.0.1:9106",
-		Flags:    func(fs *flag.FlagSet) { cfg.RegisterFlags("", fs) },
-		Validate: cfg.Validate,
+		Name:      "doctor",
+		HTTPAddr:  "127.0.0.1:9106",
+		Flags:     func(fs *flag.FlagSet) { cfg.RegisterFlags("", fs) },
+		Validate:  cfg.Validate,
+		Listeners: cfg.Listeners,
 		Build: func(ctx context.Context, p *process.Process) ([]services.Service, error) {
 			return Build(cfg, p)
 		},
@@ -103,7 +123,18 @@ func Build(cfg Config, p *process.Process) ([]services.Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.Logger.Info("DoctorService listening", "listen_addr", api.ln.Addr().String())
+	if cfg.TLS.Cert != "" {
+		base := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}}
+		t, err := reload.NewTLS("doctor", cfg.TLS, base, reload.Options{Logger: p.Logger, Registerer: p.Registry, Clock: p.Clock})
+		if err != nil {
+			_ = api.ln.Close()
+			return nil, fmt.Errorf("load --tls-cert %s / --tls-key %s: %w", cfg.TLS.Cert, cfg.TLS.Key, err)
+		}
+		api.ln = tls.NewListener(api.ln, t.ServerConfig())
+		api.srv.Protocols.SetHTTP2(true)
+		api.reload = t
+	}
+	p.Logger.Info("DoctorService listening", "listen_addr", api.ln.Addr().String(), "tls", cfg.TLS.Cert != "")
 	return append(comps, api), nil
 }
 
@@ -224,8 +255,9 @@ func (r *refresher) detail(context.Context) any {
 // apiServer serves DoctorService on its own listener with h2c.
 type apiServer struct {
 	services.Service
-	ln  net.Listener
-	srv *http.Server
+	ln     net.Listener
+	srv    *http.Server
+	reload *reload.TLS // nil: h2c
 }
 
 func newAPIServer(addr string, h http.Handler, logger *slog.Logger) (*apiServer, error) {
@@ -250,5 +282,10 @@ func newAPIServer(addr string, h http.Handler, logger *slog.Logger) (*apiServer,
 }
 
 func (s *apiServer) running(ctx context.Context) error {
+	if s.reload != nil {
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		wg.Go(func() { s.reload.Run(ctx, time.Minute) })
+	}
 	return lifecycle.Serve(ctx, s.srv, s.ln, "DoctorService server", 5*time.Second)
 }

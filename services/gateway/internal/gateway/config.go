@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/pkg/buildinfo"
+	"github.com/leasehold/leasehold/pkg/lifecycle"
+	"github.com/leasehold/leasehold/pkg/reload"
 )
 
 // Config is the gateway's own configuration (docs/design.md#gateways and #timings).
@@ -96,9 +98,17 @@ type Config struct {
 	// relay (default: the address RelayListenAddr bound); it is stored in
 	// gateway_relays under the gateway lease.
 	RelayAdvertiseAddr string
-	// RelayTokenFile holds the shared bearer token of the relay; required
-	// with RelayListenAddr.
+	// RelayTokenFile holds the shared bearer token of the relay, re-read on
+	// change; with RelayListenAddr it or RelayTLS.ClientCA (mTLS) is
+	// required, and with both the api must pass both.
 	RelayTokenFile string
+	// RelayTLS serves the relay over TLS (Cert and Key); with ClientCA the
+	// api must present a client certificate that CA signed and that names
+	// RelayClientName (mTLS). The files are re-read on change.
+	RelayTLS reload.TLSFiles
+	// RelayClientName is the name (DNS SAN, else CommonName) the api's
+	// relay client certificate must carry under RelayTLS.ClientCA.
+	RelayClientName string
 	// MaxTunnelsPerNode and MaxTunnels bound the tunnels open at once to one
 	// node and through this gateway; past them OpenTunnel is refused
 	// RESOURCE_EXHAUSTED naming the limit.
@@ -141,12 +151,25 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.StringVar(&c.MinDaemonVersion, prefix+"gateway.min-daemon-version", "", "refuse daemons older than this semantic version (e.g. v1.4.0), and those reporting none, with FAILED_PRECONDITION and a 5-10 min retry-after; empty accepts every version")
 	f.StringVar(&c.RelayListenAddr, prefix+"gateway.relay-listen-addr", "", "address of the tunnel relay the api dials (h2c, shared token; keep it on a private network); empty relays no tunnels")
 	f.StringVar(&c.RelayAdvertiseAddr, prefix+"gateway.relay-advertise-addr", "", "host:port api replicas dial to reach the relay (default: the address --gateway.relay-listen-addr bound)")
-	f.StringVar(&c.RelayTokenFile, prefix+"gateway.relay-token-file", "", "file holding the relay's shared bearer token (the api's --api.relay-token-file); required with --gateway.relay-listen-addr")
+	f.StringVar(&c.RelayTokenFile, prefix+"gateway.relay-token-file", "", "file holding the relay's shared bearer token (the api's --api.relay-token-file), re-read on change; with --gateway.relay-listen-addr it or --gateway.relay-tls.client-ca-file is required")
+	f.StringVar(&c.RelayTLS.Cert, prefix+"gateway.relay-tls.cert-file", "", "TLS certificate (PEM) of the tunnel relay, with --gateway.relay-tls.key-file; re-read on change")
+	f.StringVar(&c.RelayTLS.Key, prefix+"gateway.relay-tls.key-file", "", "key (PEM) of --gateway.relay-tls.cert-file")
+	f.StringVar(&c.RelayTLS.ClientCA, prefix+"gateway.relay-tls.client-ca-file", "", "CA bundle (PEM): the api must present a client certificate it signed naming --gateway.relay-tls.client-name (mTLS); re-read on change")
+	f.StringVar(&c.RelayClientName, prefix+"gateway.relay-tls.client-name", "leasehold-api", "name (DNS SAN, else CommonName) the api's relay client certificate must carry")
 	f.IntVar(&c.MaxTunnelsPerNode, prefix+"gateway.max-tunnels-per-node", 4, "tunnels open at once to one node")
 	f.IntVar(&c.MaxTunnels, prefix+"gateway.max-tunnels", 256, "tunnels open at once through this gateway")
 	f.DurationVar(&c.TunnelIdleTimeout, prefix+"gateway.tunnel-idle-timeout", 5*time.Minute, "end a tunnel that carried no byte for this long")
 	f.DurationVar(&c.TunnelAttachTimeout, prefix+"gateway.tunnel-attach-timeout", 15*time.Second, "how long the daemon may take to connect a tunnel's target and attach")
 	f.Int64Var(&c.OutputCap, prefix+"gateway.output-cap", 1<<20, "bytes of live output stored per command; past it a truncation marker is stored and the rest dropped")
+}
+
+// Listeners lists the gateway's listeners for lifecycle.CheckPlaintext:
+// node streams and the tunnel relay.
+func (c *Config) Listeners() []lifecycle.Listener {
+	return []lifecycle.Listener{
+		{Flag: "listen-addr", Addr: c.ListenAddr, TLS: c.TLSCert != "", TLSFlag: "tls-cert"},
+		{Flag: "gateway.relay-listen-addr", Addr: c.RelayListenAddr, TLS: c.RelayTLS.Cert != "", TLSFlag: "gateway.relay-tls.cert-file"},
+	}
 }
 
 // Values of --gateway.http2-server.
@@ -237,8 +260,17 @@ func (c *Config) Validate() error {
 	if c.OutputCap < 1024 || c.OutputCap > 1<<30 {
 		errs = append(errs, fmt.Errorf("--gateway.output-cap %d must be in 1024..%d", c.OutputCap, 1<<30))
 	}
-	if c.RelayListenAddr != "" && c.RelayTokenFile == "" {
-		errs = append(errs, fmt.Errorf("--gateway.relay-listen-addr %q needs --gateway.relay-token-file", c.RelayListenAddr))
+	if c.RelayListenAddr != "" && c.RelayTokenFile == "" && c.RelayTLS.ClientCA == "" {
+		errs = append(errs, fmt.Errorf("--gateway.relay-listen-addr %q needs --gateway.relay-token-file or --gateway.relay-tls.client-ca-file (or both) to authenticate the api", c.RelayListenAddr))
+	}
+	if (c.RelayTLS.Cert == "") != (c.RelayTLS.Key == "") {
+		errs = append(errs, errors.New("--gateway.relay-tls.cert-file and --gateway.relay-tls.key-file go together"))
+	}
+	if c.RelayTLS.ClientCA != "" && c.RelayTLS.Cert == "" {
+		errs = append(errs, errors.New("--gateway.relay-tls.client-ca-file needs --gateway.relay-tls.cert-file and --gateway.relay-tls.key-file (client certificates are checked in a TLS handshake)"))
+	}
+	if c.RelayTLS.ClientCA != "" && c.RelayClientName == "" {
+		errs = append(errs, errors.New("--gateway.relay-tls.client-name must not be empty with --gateway.relay-tls.client-ca-file"))
 	}
 	if c.MaxTunnelsPerNode < 1 || c.MaxTunnels < c.MaxTunnelsPerNode {
 		errs = append(errs, fmt.Errorf("--gateway.max-tunnels-per-node %d must be at least 1 and at most --gateway.max-tunnels %d", c.MaxTunnelsPerNode, c.MaxTunnels))
