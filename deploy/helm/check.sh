@@ -42,12 +42,16 @@ tunnels.maxPerNode=16 maxPerNode
 gateway.replica=3 replica
 gateway.replicas=-1 replicas
 gateway.helloRate=0 helloRate
-gateway.service.type=LoadBalancer secretName
-gateway.service.type=NodePort secretName
+gateway.service.type=LoadBalancer,gateway.tls.secretName= secretName
+gateway.service.type=NodePort,gateway.tls.secretName= secretName
 gateway.service.type=ExternalName type
 gateway.service.port=70000 port
 gateway.service.loadBalancerSourceRanges[0]=everyone loadBalancerSourceRanges
-api.service.type=LoadBalancer secretName
+api.service.type=LoadBalancer,api.tls.secretName= secretName
+insecurePlaintext=yes insecurePlaintext
+certManager.enabled=true issuerRef
+certManager.issuerRef.kind=Vault kind
+doctor.serve.tls.secretName=Bad_Name secretName
 doctor.serve.service.type=LoadBalancer type
 coord.leaseTTL=15 leaseTTL
 coord.leaseTTL=1m30s leaseTTL
@@ -78,7 +82,8 @@ CASES
 
 echo "== template guards without the schema (--skip-schema-validation)"
 for svc in gateway api; do
-	if render --skip-schema-validation --set "$svc.service.type=LoadBalancer" >/dev/null 2>"$work/err"; then
+	if render --skip-schema-validation --set "$svc.service.type=LoadBalancer" --set "$svc.tls.secretName=" \
+		--set insecurePlaintext=true >/dev/null 2>"$work/err"; then
 		fail "$svc.service.type=LoadBalancer without TLS rendered with --skip-schema-validation"
 	elif ! grep -q "set $svc.tls.secretName" "$work/err"; then
 		fail "$svc LoadBalancer guard failed without naming $svc.tls.secretName: $(cat "$work/err")"
@@ -86,6 +91,55 @@ for svc in gateway api; do
 		echo "refused: $svc.service.type=LoadBalancer without $svc.tls.secretName"
 	fi
 done
+
+echo "== plaintext only with insecurePlaintext (the chart passes --insecure-plaintext then only)"
+for svc in gateway api; do
+	if render --set "$svc.tls.secretName=" >/dev/null 2>"$work/err"; then
+		fail "$svc without TLS rendered with insecurePlaintext false"
+	elif ! grep -q "$svc.tls.secretName is empty and insecurePlaintext is false" "$work/err"; then
+		fail "$svc without TLS failed without naming $svc.tls.secretName and insecurePlaintext: $(cat "$work/err")"
+	else
+		echo "refused: $svc.tls.secretName empty without insecurePlaintext"
+	fi
+	render --show-only "templates/$svc.yaml" --set "$svc.tls.secretName=" --set insecurePlaintext=true >"$work/plain.yaml" ||
+		fail "$svc without TLS and with insecurePlaintext was refused"
+	grep -q -- '- --insecure-plaintext$' "$work/plain.yaml" || fail "$svc without TLS and with insecurePlaintext runs without --insecure-plaintext"
+	render --show-only "templates/$svc.yaml" --set insecurePlaintext=true >"$work/plain.yaml"
+	grep -q -- '--insecure-plaintext' "$work/plain.yaml" && fail "$svc with TLS got --insecure-plaintext from insecurePlaintext alone"
+done
+if render --set tunnels.enabled=true >/dev/null 2>"$work/err"; then
+	fail "tunnels.enabled (a plaintext relay) rendered with insecurePlaintext false"
+elif ! grep -q 'tunnels.enabled .*insecurePlaintext is false' "$work/err"; then
+	fail "tunnels.enabled failed without naming tunnels.enabled and insecurePlaintext: $(cat "$work/err")"
+else
+	echo "refused: tunnels.enabled without insecurePlaintext"
+fi
+render >"$work/default.yaml"
+grep -q -- '--insecure-plaintext' "$work/default.yaml" && fail "default values pass --insecure-plaintext"
+grep -q -- '- --api.tls-cert=' "$work/default.yaml" || fail "default values: the api serves no TLS"
+grep -q -- '- --tls-cert=/etc/leasehold/tls/tls.crt' "$work/default.yaml" || fail "default values: the gateway serves no TLS"
+grep -q -- '- --listen-addr=127.0.0.1:8080' "$work/default.yaml" || fail "default values: DoctorService without TLS is not on loopback"
+render --show-only templates/doctor.yaml >"$work/doctor.yaml"
+[ "$(grep -c '^kind: Service$' "$work/doctor.yaml")" = 1 ] || fail "default values: a Service besides the metrics one publishes DoctorService on loopback"
+render --show-only templates/doctor.yaml --set doctor.serve.tls.secretName=leasehold-doctor-tls >"$work/doctor.yaml"
+grep -q -- '- --listen-addr=0.0.0.0:8080' "$work/doctor.yaml" && grep -q -- '- --tls-cert=' "$work/doctor.yaml" ||
+	fail "doctor.serve.tls.secretName: DoctorService does not serve TLS on every address"
+render --show-only templates/doctor.yaml --set insecurePlaintext=true >"$work/doctor.yaml"
+grep -q -- '- --insecure-plaintext' "$work/doctor.yaml" || fail "doctor without TLS, insecurePlaintext: no --insecure-plaintext"
+echo "ok"
+
+echo "== cert-manager Certificates write the Secrets the chart mounts"
+render --set certManager.enabled=true --set certManager.issuerRef.name=leasehold-ca \
+	--set doctor.serve.tls.secretName=leasehold-doctor-tls --set-json 'certManager.gateway.dnsNames=["gw.example.com"]' >"$work/cm.yaml" ||
+	fail "certManager.enabled was refused"
+n=$(grep -c '^kind: Certificate$' "$work/cm.yaml" || true)
+[ "$n" = 3 ] || fail "certManager.enabled rendered $n Certificates, want 3 (api, gateway, doctor)"
+for s in leasehold-api-tls leasehold-gateway-tls leasehold-doctor-tls; do
+	grep -qx "  secretName: $s" "$work/cm.yaml" || fail "no Certificate writes $s"
+done
+grep -qx '    - gw.example.com' "$work/cm.yaml" || fail "certManager.gateway.dnsNames is not in the gateway's Certificate"
+grep -q '^kind: Certificate$' "$work/default.yaml" && fail "a Certificate rendered with certManager.enabled false"
+echo "ok"
 
 echo "== values that must be accepted"
 render >"$work/default.yaml"
@@ -99,7 +153,8 @@ grep -q -- '--tls-cert=' "$work/lb.yaml" || fail "gateway LoadBalancer with TLS 
 render --set api.service.type=LoadBalancer --set api.tls.secretName=api-tls >/dev/null ||
 	fail "api LoadBalancer with TLS was refused"
 render -f "$chart/values-ha.yaml" >/dev/null || fail "values-ha.yaml was refused"
-render --set tunnels.enabled=true >"$work/tunnels.yaml" || fail "tunnels.enabled was refused"
+render --set tunnels.enabled=true --set insecurePlaintext=true >"$work/tunnels.yaml" || fail "tunnels.enabled was refused"
+grep -q -- '- --insecure-plaintext' "$work/tunnels.yaml" || fail "tunnels: the gateway's plaintext relay runs without --insecure-plaintext"
 grep -q -- '--gateway.relay-advertise-addr=$(POD_IP):9444' "$work/tunnels.yaml" || fail "tunnels: the gateway does not advertise its pod IP"
 grep -q -- '--api.relay-token-file=/etc/leasehold/relay-token/token' "$work/tunnels.yaml" || fail "tunnels: the api has no relay token"
 grep -q 'relay-token' "$work/default.yaml" && fail "tunnels are off by default, yet a relay token is mounted"
@@ -156,7 +211,8 @@ echo "ok"
 echo "== NOTES.txt says what was installed and how to reach it"
 helm install leasehold "$chart" --namespace leasehold --dry-run=client >"$work/notes.txt"
 for want in 'gateway: Deployment leasehold-gateway' 'leasehold-gateway.leasehold.svc:443' \
-	'no ServiceMonitor' 'port-forward service/leasehold-api' 'ControlService/ListNodes'; do
+	'no ServiceMonitor' 'port-forward service/leasehold-api' 'ControlService/ListNodes' \
+	'leasehold-api-tls: the api' 'leasehold-gateway-tls: the gateway' 'port-forward deployment/leasehold-doctor'; do
 	grep -qF "$want" "$work/notes.txt" || fail "NOTES.txt lacks: $want"
 done
 echo "ok"
