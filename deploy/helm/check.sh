@@ -141,6 +141,20 @@ grep -qx '    - gw.example.com' "$work/cm.yaml" || fail "certManager.gateway.dns
 grep -q '^kind: Certificate$' "$work/default.yaml" && fail "a Certificate rendered with certManager.enabled false"
 echo "ok"
 
+echo "== doctor reads the certificates the values configure (tls.expiry)"
+render --show-only templates/doctor.yaml >"$work/doctor.yaml"
+n=$(grep -c -- '- --tls-cert-files=/etc/leasehold/certs/api/tls.crt,/etc/leasehold/certs/gateway/tls.crt$' "$work/doctor.yaml" || true)
+[ "$n" = 2 ] || fail "doctor serve and check: --tls-cert-files of the api's and gateway's certificates in $n of 2 pods"
+grep -q 'key: tls.key' "$work/doctor.yaml" && fail "a private key is mounted into doctor"
+render --show-only templates/doctor.yaml --set gateway.tls.clientCASecretName=leasehold-node-ca \
+	--set doctor.serve.tls.secretName=leasehold-doctor-tls --set api.enabled=false >"$work/doctor.yaml"
+grep -q -- '- --tls-cert-files=/etc/leasehold/certs/gateway/tls.crt,/etc/leasehold/certs/gateway-client-ca/ca.crt,/etc/leasehold/certs/doctor/tls.crt$' "$work/doctor.yaml" ||
+	fail "doctor: --tls-cert-files does not follow the configured Secrets (no api, a client CA, its own)"
+grep -q 'secretName: leasehold-node-ca' "$work/doctor.yaml" || fail "doctor: the client CA Secret is not mounted"
+render --show-only templates/doctor.yaml --set api.tls.secretName= --set gateway.tls.secretName= --set insecurePlaintext=true >"$work/doctor.yaml"
+grep -q -- '--tls-cert-files' "$work/doctor.yaml" && fail "doctor: --tls-cert-files without any TLS Secret"
+echo "ok"
+
 echo "== values that must be accepted"
 render >"$work/default.yaml"
 render --show-only templates/gateway.yaml >"$work/gw.yaml"

@@ -190,6 +190,40 @@ app.kubernetes.io/component: {{ .component }}
 {{- if $v.doctor.regions }}
 - --regions={{ $v.doctor.regions }}
 {{- end }}
+{{- with (include "leasehold.doctorCerts" . | fromYaml).files }}
+- --tls-cert-files={{ join "," . }}
+{{- end }}
+{{- end -}}
+
+{{/* leasehold.doctorCerts: the certificates doctor's tls.expiry reads, as
+     YAML {files, mounts, volumes}: the public certificate (tls.crt, ca.crt;
+     never a key) of each TLS Secret the values configure, mounted read-only
+     whole-Secret (no subPath, so renewals show) under /etc/leasehold/certs. */}}
+{{- define "leasehold.doctorCerts" -}}
+{{- $v := .Values -}}
+{{- $certs := list -}}
+{{- if and $v.api.enabled $v.api.tls.secretName -}}
+{{- $certs = append $certs (dict "name" "api" "secret" $v.api.tls.secretName "key" "tls.crt") -}}
+{{- end -}}
+{{- if and $v.gateway.enabled $v.gateway.tls.secretName -}}
+{{- $certs = append $certs (dict "name" "gateway" "secret" $v.gateway.tls.secretName "key" "tls.crt") -}}
+{{- with $v.gateway.tls.clientCASecretName -}}
+{{- $certs = append $certs (dict "name" "gateway-client-ca" "secret" . "key" "ca.crt") -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.doctor.serve.enabled $v.doctor.serve.tls.secretName -}}
+{{- $certs = append $certs (dict "name" "doctor" "secret" $v.doctor.serve.tls.secretName "key" "tls.crt") -}}
+{{- end -}}
+{{- $files := list -}}
+{{- $mounts := list -}}
+{{- $volumes := list -}}
+{{- range $certs -}}
+{{- $dir := printf "/etc/leasehold/certs/%s" .name -}}
+{{- $files = append $files (printf "%s/%s" $dir .key) -}}
+{{- $mounts = append $mounts (dict "name" (printf "cert-%s" .name) "mountPath" $dir "readOnly" true) -}}
+{{- $volumes = append $volumes (dict "name" (printf "cert-%s" .name) "secret" (dict "secretName" .secret "items" (list (dict "key" .key "path" .key)))) -}}
+{{- end -}}
+{{- toYaml (dict "files" $files "mounts" $mounts "volumes" $volumes) -}}
 {{- end -}}
 
 {{/* Pod pieces ----------------------------------------------------------- */}}
