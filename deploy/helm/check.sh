@@ -203,6 +203,100 @@ n=$(grep -c 'name: WORKER_ONLY' "$work/extra.yaml" || true)
 [ "$n" = 1 ] || fail "worker.extraEnv reached $n containers, want 1"
 echo "ok"
 
+echo "== NetworkPolicies: who reaches whom (tools/k8s/netpolcheck evaluates the rendered policies)"
+render >"$work/np-default.yaml"
+render -f "$chart/values-ha.yaml" >"$work/np-ha.yaml"
+render --set tunnels.enabled=true --set insecurePlaintext=true >"$work/np-tunnels.yaml"
+render --set doctor.serve.tls.secretName=leasehold-doctor-tls \
+	--set-json 'networkPolicy.ingress.api=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"ingress-nginx"}}}]' \
+	--set-json 'networkPolicy.database.to=[{"ipBlock":{"cidr":"192.0.2.0/24"}}]' \
+	--set-json 'networkPolicy.extraEgress={"worker":[{"ports":[{"port":443,"protocol":"TCP"}]}]}' >"$work/np-custom.yaml"
+render --set networkPolicy.enabled=false >"$work/np-off.yaml"
+grep -q '^kind: NetworkPolicy$' "$work/np-off.yaml" && fail "networkPolicy.enabled=false still renders NetworkPolicies"
+n=$(grep -c '^kind: NetworkPolicy$' "$work/np-default.yaml" || true)
+[ "$n" = 7 ] || fail "default values render $n NetworkPolicies, want 7 (api, gateway, worker, scheduler, doctor, doctor-check, migrate)"
+# Endpoints: the chart's components, and monitoring (a pod of namespace
+# monitoring), other-ns (a pod of namespace default), same-ns (a foreign pod of
+# the release namespace), dns (kube-system), internet, postgres (192.0.2.10).
+# A port is a number (/udp for UDP) or a container port name of the destination.
+if ! GOWORK=off go -C tools/k8s run ./netpolcheck -render "default=$work/np-default.yaml" -render "ha=$work/np-ha.yaml" \
+	-render "tunnels=$work/np-tunnels.yaml" -render "custom=$work/np-custom.yaml" >"$work/np.txt" 2>&1 <<'CASES'
+# render  from          to          port     expect
+# public ports from anywhere
+default   internet      api         connect  allow
+default   other-ns      api         connect  allow
+default   internet      gateway     nodes    allow
+ha        internet      gateway     nodes    allow
+ha        internet      api         connect  allow
+# the health/metrics port from the monitoring namespace only
+default   monitoring    api         health   allow
+default   monitoring    gateway     health   allow
+default   monitoring    worker      health   allow
+default   monitoring    scheduler   health   allow
+default   monitoring    doctor      health   allow
+default   other-ns      worker      health   deny
+default   same-ns       scheduler   health   deny
+default   internet      gateway     health   deny
+default   api           worker      health   deny
+ha        other-ns      gateway     health   deny
+ha        monitoring    gateway     health   allow
+# jobs accept nothing
+default   monitoring    doctor-check 9100    deny
+default   same-ns       migrate     9100     deny
+# DoctorService on loopback by default: no port to reach
+default   other-ns      doctor      8080     deny
+default   monitoring    doctor      8080     deny
+# the relay: off by default; with tunnels from the api pods only
+default   api           gateway     9444     deny
+ha        api           gateway     9444     deny
+tunnels   api           gateway     relay    allow
+tunnels   api           gateway     9444     allow
+tunnels   worker        gateway     9444     deny
+tunnels   scheduler     gateway     9444     deny
+tunnels   doctor        gateway     9444     deny
+tunnels   same-ns       gateway     9444     deny
+tunnels   other-ns      gateway     9444     deny
+tunnels   internet      gateway     9444     deny
+tunnels   api           worker      9444     deny
+tunnels   api           gateway     health   deny
+# egress: PostgreSQL and DNS, nothing else
+default   worker        postgres    5432     allow
+default   scheduler     postgres    5432     allow
+default   gateway       postgres    5432     allow
+default   api           postgres    5432     allow
+default   doctor        postgres    5432     allow
+default   doctor-check  postgres    5432     allow
+default   migrate       postgres    5432     allow
+default   worker        postgres    6432     deny
+ha        worker        postgres    6432     allow
+ha        migrate       postgres    5432     allow
+default   worker        dns         53/udp   allow
+default   api           dns         53       allow
+default   migrate       dns         53/udp   allow
+default   worker        other-ns    53/udp   deny
+default   worker        internet    443      deny
+default   gateway       internet    443      deny
+default   api           internet    443      deny
+default   worker        gateway     nodes    deny
+default   api           gateway     nodes    deny
+default   scheduler     api         connect  deny
+default   doctor        api         connect  deny
+# configured: api from ingress-nginx only, PostgreSQL by CIDR, DoctorService over TLS, a worker webhook egress
+custom    other-ns      api         connect  deny
+custom    internet      api         connect  deny
+custom    other-ns      doctor      connect  allow
+custom    worker        postgres    5432     allow
+custom    worker        internet    5432     deny
+custom    worker        internet    443      allow
+custom    scheduler     internet    443      deny
+CASES
+then
+	cat "$work/np.txt" >&2
+	fail "NetworkPolicy cases (above)"
+else
+	echo "ok ($(grep -c '^ok' "$work/np.txt") connections as expected)"
+fi
+
 echo "== monitoring objects follow the cluster's APIs"
 mon=(--api-versions monitoring.coreos.com/v1/ServiceMonitor --api-versions monitoring.coreos.com/v1/PrometheusRule)
 kinds "$work/default.yaml" >"$work/kinds"

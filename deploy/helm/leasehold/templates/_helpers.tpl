@@ -226,6 +226,14 @@ app.kubernetes.io/component: {{ .component }}
 {{- toYaml (dict "files" $files "mounts" $mounts "volumes" $volumes) -}}
 {{- end -}}
 
+{{/* leasehold.npPublic: dict port (a container port name), from (peers;
+     empty: from anywhere): a NetworkPolicy ingress rule as YAML. */}}
+{{- define "leasehold.npPublic" -}}
+{{- $r := dict "ports" (list (dict "port" .port "protocol" "TCP")) -}}
+{{- with .from }}{{ $_ := set $r "from" . }}{{ end -}}
+{{- toYaml $r -}}
+{{- end -}}
+
 {{/* Pod pieces ----------------------------------------------------------- */}}
 
 {{- define "leasehold.probes" -}}
