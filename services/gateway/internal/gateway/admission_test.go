@@ -38,6 +38,11 @@ func dialHerd(t testing.TB, db *pgtest.DB, g *Gateway, n int) *herd {
 		d, err := daemon.New(daemon.Config{
 			Address: "http://" + g.Addr(), NodeID: creds2id("h", i), Credential: creds[i], Handler: noopHandler,
 			BackoffBase: 100 * time.Millisecond, BackoffMax: 2 * time.Second,
+			// The herd is about admission, not about how long a Hello may
+			// take: on a loaded machine (the race detector, other tests) a
+			// Hello can outlast the default 15 s, and a daemon that gives
+			// up redials and is welcomed twice.
+			HelloTimeout: 2 * time.Minute,
 		})
 		require.NoError(t, err)
 		h.daemons[i] = d
@@ -182,6 +187,7 @@ func herdConfig() Config {
 	cfg := testConfig()
 	cfg.LeaseTTL, cfg.LeaseRenew = time.Minute, 2*time.Second
 	cfg.SessionLease, cfg.HeartbeatInterval, cfg.LivenessInterval = 2*time.Minute, 10*time.Second, 5*time.Second
+	cfg.HelloTimeout = time.Minute // a starved daemon's Hello is late, not missing
 	return cfg
 }
 

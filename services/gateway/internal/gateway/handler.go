@@ -70,6 +70,14 @@ func (g *Gateway) Connect(ctx context.Context, stream *connect.BidiStream[nodev1
 	if err != nil {
 		return err
 	}
+	if ctx.Err() != nil {
+		// The daemon stopped waiting (its Welcome timeout) while the
+		// transaction ran, and has redialled or will: registering this
+		// stream would only close its newer session on this gateway.
+		g.m.hellos.WithLabelValues("abandoned").Inc()
+		return connect.NewError(connect.CodeCanceled, fmt.Errorf("node %s went away before its Welcome", hello.GetNodeId()))
+	}
+	g.m.hellos.WithLabelValues("welcomed").Inc()
 	s.generation = gen
 	return g.serveSession(ctx, stream, s, welcome, replays)
 }
@@ -82,7 +90,12 @@ func (g *Gateway) serveSession(ctx context.Context, stream *connect.BidiStream[n
 	ctx, stopWaits := context.WithCancel(ctx)
 	defer stopWaits()
 	s.stopWaits = stopWaits
-	g.registerSession(s, welcome, replays)
+	if !g.registerSession(s, welcome, replays) {
+		if reason := s.finish(); reason != nil {
+			return reason
+		}
+		return connect.NewError(connect.CodeUnavailable, errors.New("a newer session of this node is registered"))
+	}
 
 	var (
 		streamErr *connect.Error

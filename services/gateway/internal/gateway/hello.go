@@ -392,13 +392,20 @@ func (g *Gateway) hello(ctx context.Context, stream *connect.BidiStream[nodev1.C
 		SessionEpoch: epoch, Spec: spec, GatewayId: g.id,
 		HeartbeatInterval: durationpb.New(g.cfg.HeartbeatInterval),
 	}
-	g.m.hellos.WithLabelValues("welcomed").Inc()
 	return s, welcome, cmds, nil
 }
 
 // registerSession queues Welcome and the replays on s and registers it so
-// dispatch can reach it, closing the session it supersedes.
-func (g *Gateway) registerSession(s *session, welcome *nodev1.Welcome, replays []*nodev1.Command) {
+// dispatch can reach it, closing the session it supersedes. A session is
+// never registered over a newer one of the same node (a higher epoch): two
+// Hellos of one node can finish out of order (the first one slow, its
+// daemon already redialled), and the older must not replace the newer. It
+// returns false, with s closed, when s lost that race.
+func (g *Gateway) registerSession(s *session, welcome *nodev1.Welcome, replays []*nodev1.Command) bool {
+	if newer := g.newerSession(s); newer != nil {
+		s.close(supersededError(s, newer))
+		return false
+	}
 	msgs := make([]*nodev1.ConnectResponse, 0, 1+len(replays))
 	msgs = append(msgs, &nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Welcome{Welcome: welcome}})
 	for _, c := range replays {
@@ -410,6 +417,11 @@ func (g *Gateway) registerSession(s *session, welcome *nodev1.Welcome, replays [
 
 	g.mu.Lock()
 	old := g.sessions[s.nodeID]
+	if old != nil && old.epoch > s.epoch { // registered since the check above
+		g.mu.Unlock()
+		s.close(supersededError(s, old))
+		return false
+	}
 	g.sessions[s.nodeID] = s
 	g.m.sessions.Set(float64(len(g.sessions)))
 	g.mu.Unlock()
@@ -423,4 +435,21 @@ func (g *Gateway) registerSession(s *session, welcome *nodev1.Welcome, replays [
 	g.wakeDispatch(s.nodeID)
 	g.wakeSpec(s.nodeID) // a spec changed between the Hello and registration
 	g.log.Debug("session opened", "node", s.nodeID, "epoch", s.epoch, "replayed", len(replays))
+	return true
+}
+
+// newerSession is the registered session of s's node with a higher epoch
+// than s, or nil.
+func (g *Gateway) newerSession(s *session) *session {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if old := g.sessions[s.nodeID]; old != nil && old.epoch > s.epoch {
+		return old
+	}
+	return nil
+}
+
+// supersededError ends a session whose Hello finished after a newer one's.
+func supersededError(s, newer *session) *connect.Error {
+	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("node %s already has a newer session (epoch %d) than this Hello's (epoch %d)", s.nodeID, newer.epoch, s.epoch))
 }

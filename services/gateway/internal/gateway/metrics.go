@@ -45,7 +45,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "leasehold_gateway_sessions", Help: "Node sessions held by this gateway.",
 		}),
 		hellos: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "leasehold_gateway_hellos_total", Help: "Hellos by outcome (welcomed, pushback, unauthenticated, refused, error); rate() gives the Hello rate.",
+			Name: "leasehold_gateway_hellos_total", Help: "Hellos by outcome (welcomed, pushback, unauthenticated, refused, error, abandoned: the node went away before its Welcome); rate() gives the Hello rate.",
 		}, []string{"outcome"}),
 		pushbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leasehold_gateway_pushbacks_total", Help: "Dials refused with a retry-after pushback, by limit.",
