@@ -47,7 +47,7 @@ func TestOlderHelloNeverReplacesNewerSession(t *testing.T) {
 	require.True(t, seven.isClosed(), "a newer epoch supersedes")
 	for _, s := range []*session{seven, eight} {
 		s.close(nil)
-		s.finish()
+		_ = s.finish()
 	}
 	g.mu.Lock()
 	delete(g.sessions, "n-order")
