@@ -62,6 +62,7 @@ migrations.mode=sometimes mode
 image.pullPolicy=Sometimes pullPolicy
 metrics.serviceMonitor.enabled=maybe enabled
 metrics.prometheusRule.runbookURL=runbooks.md runbookURL
+metrics.prometheusRule.certExpiryWarningDays=0 certExpiryWarningDays
 topologySpread[0].whenUnsatisfiable=Never whenUnsatisfiable
 worker.resources.request.cpu=1 request
 worker.podDisruptionBudget.minAvailable=1 podDisruptionBudget
@@ -352,6 +353,12 @@ while read -r url; do
 	anchor=${url##*#}
 	grep -qx -- "$anchor" "$work/anchors" || fail "runbook_url $url: docs/runbooks.md has no heading #$anchor"
 done <"$work/urls"
+for a in LeaseholdCertificateExpiringSoon LeaseholdCertificateExpiryCritical LeaseholdConfigReloadFailing; do
+	grep -qE "^ +- alert: $a$" "$work/mon.yaml" || fail "no alert $a"
+done
+if render "${mon[@]}" --set metrics.prometheusRule.certExpiryCriticalDays=30 >/dev/null 2>"$work/err"; then
+	fail "certExpiryCriticalDays above certExpiryWarningDays rendered"
+fi
 echo "ok ($alerts alerts)"
 
 if [ "$failures" -gt 0 ]; then
