@@ -115,6 +115,19 @@ elif ! grep -q 'tunnels.enabled .*insecurePlaintext is false' "$work/err"; then
 else
 	echo "refused: tunnels.enabled without insecurePlaintext"
 fi
+render --set tunnels.enabled=true --set tunnels.relayTLS.enabled=true >"$work/relaytls.yaml" ||
+	fail "tunnels over relayTLS were refused without insecurePlaintext"
+grep -q -- '--insecure-plaintext' "$work/relaytls.yaml" && fail "tunnels over relayTLS got --insecure-plaintext"
+for f in '--gateway.relay-tls.client-ca-file=/etc/leasehold/relay-tls/ca.crt' '--gateway.relay-tls.client-name=leasehold-api' \
+	'--api.relay-tls.cert-file=/etc/leasehold/relay-client-tls/tls.crt' '--api.relay-tls.server-name=leasehold-gateway-relay'; do
+	grep -q -- "- $f$" "$work/relaytls.yaml" || fail "tunnels over relayTLS: no $f"
+done
+if render --set tunnels.enabled=true --set tunnels.relayToken.existingSecret= --set insecurePlaintext=true >/dev/null 2>"$work/err"; then
+	fail "tunnels without a relay token and without relayTLS rendered"
+fi
+render --set tunnels.enabled=true --set tunnels.relayTLS.enabled=true --set tunnels.relayToken.existingSecret= >"$work/relaytls.yaml" ||
+	fail "tunnels over relayTLS without a token were refused"
+grep -q 'relay-token' "$work/relaytls.yaml" && fail "tunnels over relayTLS without a token still mount one"
 render >"$work/default.yaml"
 grep -q -- '--insecure-plaintext' "$work/default.yaml" && fail "default values pass --insecure-plaintext"
 grep -q -- '- --api.tls-cert=' "$work/default.yaml" || fail "default values: the api serves no TLS"
@@ -135,6 +148,12 @@ render --set certManager.enabled=true --set certManager.issuerRef.name=leasehold
 	fail "certManager.enabled was refused"
 n=$(grep -c '^kind: Certificate$' "$work/cm.yaml" || true)
 [ "$n" = 3 ] || fail "certManager.enabled rendered $n Certificates, want 3 (api, gateway, doctor)"
+render --set certManager.enabled=true --set certManager.issuerRef.name=leasehold-ca \
+	--set tunnels.enabled=true --set tunnels.relayTLS.enabled=true >"$work/cm-relay.yaml" || fail "certManager with relayTLS was refused"
+for s in leasehold-relay-tls leasehold-relay-client-tls; do
+	grep -qx "  secretName: $s" "$work/cm-relay.yaml" || fail "no Certificate writes the relay's $s"
+done
+grep -qx '    - client auth' "$work/cm-relay.yaml" || fail "the relay client Certificate is not for client auth"
 for s in leasehold-api-tls leasehold-gateway-tls leasehold-doctor-tls; do
 	grep -qx "  secretName: $s" "$work/cm.yaml" || fail "no Certificate writes $s"
 done

@@ -211,6 +211,14 @@ app.kubernetes.io/component: {{ .component }}
 {{- $certs = append $certs (dict "name" "gateway-client-ca" "secret" . "key" "ca.crt") -}}
 {{- end -}}
 {{- end -}}
+{{- if and $v.tunnels.enabled $v.tunnels.relayTLS.enabled -}}
+{{- if $v.gateway.enabled -}}
+{{- $certs = append $certs (dict "name" "relay" "secret" $v.tunnels.relayTLS.serverSecretName "key" "tls.crt") -}}
+{{- end -}}
+{{- if $v.api.enabled -}}
+{{- $certs = append $certs (dict "name" "relay-client" "secret" $v.tunnels.relayTLS.clientSecretName "key" "tls.crt") -}}
+{{- end -}}
+{{- end -}}
 {{- if and $v.doctor.serve.enabled $v.doctor.serve.tls.secretName -}}
 {{- $certs = append $certs (dict "name" "doctor" "secret" $v.doctor.serve.tls.secretName "key" "tls.crt") -}}
 {{- end -}}
