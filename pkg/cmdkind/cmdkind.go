@@ -360,3 +360,19 @@ func abbrev(s string) string {
 	}
 	return strings.ToValidUTF8(s[:60], "") + "…"
 }
+
+// DefaultMessageBytes is the default largest message a gateway sends a node
+// (--gateway.max-message-bytes). The api's default payload limit is derived
+// from it, so a payload the api accepts fits the message a default gateway
+// sends.
+const DefaultMessageBytes = 1 << 20
+
+// EnvelopeBytes bounds what a command's message adds to its payload: the
+// command id and kind (at most 100 bytes each as the api accepts them),
+// deadline, dispatch count and the ConnectResponse framing take a few
+// hundred bytes; the rest is headroom for fields added later.
+const EnvelopeBytes = 4 << 10
+
+// PayloadLimit is the largest payload a command message of at most
+// messageBytes carries.
+func PayloadLimit(messageBytes int) int { return messageBytes - EnvelopeBytes }

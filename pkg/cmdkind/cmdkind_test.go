@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/leasehold/leasehold/pkg/cmdkind"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
@@ -223,4 +225,21 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("round trip of %v: %v, %v", m, again, err)
 		}
 	})
+}
+
+// TestPayloadLimitLeavesRoomForTheEnvelope: a command carrying the largest
+// payload PayloadLimit allows, with every other field at the largest the
+// api accepts, still fits a message of DefaultMessageBytes, so the gateway
+// can send what the api accepted.
+func TestPayloadLimitLeavesRoomForTheEnvelope(t *testing.T) {
+	cmd := &nodev1.Command{
+		CommandId:     strings.Repeat("c", 100),
+		Kind:          strings.Repeat("k", 100),
+		Payload:       make([]byte, cmdkind.PayloadLimit(cmdkind.DefaultMessageBytes)),
+		Deadline:      timestamppb.New(time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC)),
+		DispatchCount: math.MaxInt32,
+	}
+	size := proto.Size(&nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Command{Command: cmd}})
+	require.LessOrEqual(t, size, cmdkind.DefaultMessageBytes)
+	require.Less(t, size-len(cmd.GetPayload()), cmdkind.EnvelopeBytes/4, "the envelope is a few hundred bytes: the reserve leaves headroom")
 }

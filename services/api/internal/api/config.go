@@ -97,7 +97,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.IntVar(&c.MaxMessageBytes, prefix+"api.max-message-bytes", 4<<20, "largest request message accepted")
 	f.Float64Var(&c.RateLimit, prefix+"api.rate-limit", 200, "calls per second each token may make to this replica (enrollment: each source address); past it RESOURCE_EXHAUSTED with Retry-After; 0 turns it off")
 	f.IntVar(&c.RateBurst, prefix+"api.rate-burst", 400, "calls a token may make at once above --api.rate-limit")
-	f.IntVar(&c.MaxPayloadBytes, prefix+"api.max-payload-bytes", maxPayloadBytes, "largest command payload accepted (a file.put's content travels in it, base64 in its JSON); at most --api.max-message-bytes less 64 KiB, and the gateways' --gateway.max-message-bytes must carry it")
+	f.IntVar(&c.MaxPayloadBytes, prefix+"api.max-payload-bytes", maxPayloadBytes, "largest command payload accepted (a file.put's content travels in it, base64 in its JSON); at most --api.max-message-bytes less 64 KiB; the default is the gateways' default --gateway.max-message-bytes less 4 KiB of envelope, so raise both together")
 	f.DurationVar(&c.DefaultCommandTimeout, prefix+"api.default-command-timeout", time.Hour, "life of a command created without deadline or timeout")
 	f.DurationVar(&c.WaitPollInterval, prefix+"api.wait-poll-interval", time.Second, "how often WaitCommand checks for finished commands when no notification comes (gateways NOTIFY when they finish commands)")
 	f.DurationVar(&c.ShutdownGrace, prefix+"api.shutdown-grace", 10*time.Second, "how long in-flight calls may finish on SIGTERM")

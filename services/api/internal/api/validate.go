@@ -43,7 +43,9 @@ var (
 const (
 	maxLabels         = 64
 	maxLabelValueLen  = 256
-	maxPayloadBytes   = 1 << 20
+	// maxPayloadBytes is cmdkind.PayloadLimit(cmdkind.DefaultMessageBytes):
+	// what a default gateway's message carries.
+	maxPayloadBytes   = cmdkind.DefaultMessageBytes - cmdkind.EnvelopeBytes
 	maxDescription    = 1000 // characters, as the pools CHECK counts
 	maxURLLen         = 2000
 	minSecretLen      = 16

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/pkg/buildinfo"
+	"github.com/leasehold/leasehold/pkg/cmdkind"
 	"github.com/leasehold/leasehold/pkg/lifecycle"
 	"github.com/leasehold/leasehold/pkg/reload"
 )
@@ -139,7 +140,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.IntVar(&c.MaxPendingAuths, prefix+"gateway.max-pending-auths", 4, "maximum concurrent credential checks (one database read each; the only database work a Hello with a bad credential costs); keep it below --db-max-conns")
 	f.Float64Var(&c.HelloRate, prefix+"gateway.hello-rate", 200, "handshake token bucket rate (Hellos per second)")
 	f.IntVar(&c.HelloBurst, prefix+"gateway.hello-burst", 50, "handshake token bucket burst")
-	f.IntVar(&c.MaxMessageBytes, prefix+"gateway.max-message-bytes", 1<<20, "largest message accepted from a node")
+	f.IntVar(&c.MaxMessageBytes, prefix+"gateway.max-message-bytes", cmdkind.DefaultMessageBytes, "largest message accepted from a node")
 	f.DurationVar(&c.DispatchPoll, prefix+"gateway.dispatch-poll", time.Second, "dispatch poll interval (NOTIFY wakes it earlier)")
 	f.IntVar(&c.DispatchBatch, prefix+"gateway.dispatch-batch", 100, "commands taken per dispatch transaction; one call also asks at most this many sessions")
 	f.IntVar(&c.NodeWindow, prefix+"gateway.node-window", 32, "commands one node holds unanswered (sent, no result yet); more wait pending in the database")
