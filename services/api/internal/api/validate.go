@@ -41,8 +41,8 @@ var (
 
 // Request limits.
 const (
-	maxLabels         = 64
-	maxLabelValueLen  = 256
+	maxLabels        = 64
+	maxLabelValueLen = 256
 	// maxPayloadBytes is cmdkind.PayloadLimit(cmdkind.DefaultMessageBytes):
 	// what a default gateway's message carries.
 	maxPayloadBytes   = cmdkind.DefaultMessageBytes - cmdkind.EnvelopeBytes
