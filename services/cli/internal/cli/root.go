@@ -97,7 +97,7 @@ Exit status: 0 success, 1 a failed operation, 2 bad usage, 130 interrupted.`,
 	root.AddCommand(a.contextCommand(), a.nodesCommand(),
 		a.cordonCommand(), a.uncordonCommand(), a.drainCommand(), a.decommissionCommand(),
 		a.leasesCommand(), a.workersCommand(), a.gatewaysCommand(), a.auditCommand(),
-		a.joinTokensCommand(), a.commandsCommand(), a.logsCommand(), a.cancelCommand(),
+		a.tokensCommand(), a.joinTokensCommand(), a.commandsCommand(), a.logsCommand(), a.cancelCommand(),
 		a.runCommand(), a.runsCommand(), a.portForwardCommand(), a.shellCommand())
 	return root
 }
