@@ -353,6 +353,24 @@ func TestCLI(t *testing.T) {
 			t.Fatalf("the run: %v", got)
 		}
 		requireContains(t, r.stderr, "leasehold: run "+runs[0].GetId()+": 3 nodes, at most 1 at once, failure budget 1\n")
+
+		// logs RUN prints every node's output again, prefixed, node after
+		// node; -f follows the (ended) run the way run does.
+		r = e.run(t, "logs", runs[0].GetId())
+		requireCode(t, r, 0)
+		if want := "node-0: hello\nnode-1: hello\nnode-1: fine\nnode-2: hello\nnode-2: fine\n"; r.stdout != want {
+			t.Fatalf("logs RUN stdout %q, want %q", r.stdout, want)
+		}
+		if r.stderr != "node-0: first\n" {
+			t.Fatalf("logs RUN stderr %q", r.stderr)
+		}
+		r = e.run(t, "logs", "-f", runs[0].GetId())
+		requireCode(t, r, 0)
+		for node, want := range map[string]string{"node-0": "hello\n", "node-1": "hello\nfine\n", "node-2": "hello\nfine\n"} {
+			if got := linesOf(r.stdout, node); got != want {
+				t.Fatalf("logs -f RUN: %s's stdout %q, want %q; all of it:\n%s", node, got, want, r.stdout)
+			}
+		}
 	})
 
 	t.Run("run: a failure budget of 0 stops new starts", func(t *testing.T) {

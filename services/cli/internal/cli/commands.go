@@ -180,22 +180,32 @@ func (a *app) cancelCommand() *cobra.Command {
 func (a *app) logsCommand() *cobra.Command {
 	var follow bool
 	cmd := &cobra.Command{
-		Use:   "logs COMMAND",
-		Short: "Print a command's output (stdout to stdout, stderr to stderr)",
+		Use:   "logs COMMAND|RUN",
+		Short: "Print a command's output, or every node's output of a run (stdout to stdout, stderr to stderr)",
 		Long: `Print the live output a command's node stored (StreamCommandOutput from offset
-0): what is there now, or with -f everything until the command has ended.`,
-		Args: exactArgs(1, "COMMAND"),
+0): what is there now, or with -f everything until the command has ended.
+Given a run, print the output of each of its nodes' commands, each line
+prefixed by its node, node after node; with -f follow the run as
+leasehold run does, until the run has ended and every output is read.`,
+		Args: exactArgs(1, "COMMAND or RUN"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			s, err := a.dial()
 			if err != nil {
 				return err
 			}
 			ctx := cmd.Context()
+			run, err := s.client.GetRun(ctx, connect.NewRequest(&controlv1.GetRunRequest{RunId: args[0]}))
+			switch {
+			case err == nil:
+				return a.runLogs(ctx, s, run.Msg, follow)
+			case connect.CodeOf(err) != connect.CodeNotFound:
+				return s.explain(err)
+			}
 			stop := int64(-1)
 			if !follow {
 				res, err := s.client.GetCommand(ctx, connect.NewRequest(&controlv1.GetCommandRequest{CommandId: args[0]}))
 				if err != nil {
-					return s.explain(err)
+					return s.explain(err) // NOT_FOUND: no such run either
 				}
 				if !terminal(res.Msg.GetCommand().GetState()) {
 					stop = res.Msg.GetCommand().GetOutputBytes()
@@ -220,8 +230,51 @@ func (a *app) logsCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "follow the output until the command ends")
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "follow the output until the command (or the run) ends")
 	return cmd
+}
+
+// runLogs prints the output of a run's nodes, prefixed by node: what is
+// stored now, node after node in node order, or with follow everything
+// until the run has ended (followRun).
+func (a *app) runLogs(ctx context.Context, s *session, run *controlv1.GetRunResponse, follow bool) error {
+	sink := newPrefixSink(a.stdout, a.stderr, true)
+	if follow {
+		if err := s.followRun(ctx, run.GetRun().GetId(), sink); err != nil {
+			if ctx.Err() != nil {
+				return interrupted
+			}
+			return err
+		}
+		return nil
+	}
+	for _, n := range run.GetNodes() {
+		id, node := n.GetCommandId(), n.GetNodeId()
+		if id == "" {
+			continue // not started (yet, or skipped): no output
+		}
+		res, err := s.client.GetCommand(ctx, connect.NewRequest(&controlv1.GetCommandRequest{CommandId: id}))
+		if err != nil {
+			return s.explain(err)
+		}
+		stop := int64(-1)
+		if !terminal(res.Msg.GetCommand().GetState()) {
+			stop = res.Msg.GetCommand().GetOutputBytes()
+		}
+		_, truncated, err := s.streamOutput(ctx, id, 0, stop, func(st nodev1.OutputStream, b []byte) { sink.write(node, st, b) })
+		sink.done(node)
+		if err != nil {
+			if ctx.Err() != nil {
+				return interrupted
+			}
+			return err
+		}
+		if truncated {
+			sink.write(node, nodev1.OutputStream_OUTPUT_STREAM_STDERR, []byte("(output truncated at the gateway's cap)\n"))
+			sink.done(node)
+		}
+	}
+	return nil
 }
 
 // streamOutput reads a command's output from offset and hands each piece
