@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/leasehold/leasehold/pkg/audit"
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
 	"github.com/leasehold/leasehold/pkg/pgdb"
 )
@@ -30,10 +30,6 @@ type auditEvent struct {
 	Actor, Role string
 }
 
-const insertAuditSQL = `
-INSERT INTO audit_events (actor, role, method, target_kind, target_id, outcome, detail)
-VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)`
-
 // recordAudit writes ev with the caller of ctx as its actor through q, which
 // should be the transaction that makes the change ev records, so the change
 // and its audit row commit or roll back together. It also logs ev.
@@ -48,15 +44,9 @@ func (h *Handler) recordAudit(ctx context.Context, q pgdb.Querier, ev auditEvent
 	if ev.Outcome == "" {
 		ev.Outcome = "ok"
 	}
-	detail := []byte("{}")
-	if len(ev.Detail) > 0 {
-		var err error
-		if detail, err = json.Marshal(ev.Detail); err != nil {
-			return fmt.Errorf("audit %s: encode detail: %w", ev.Method, err)
-		}
-	}
-	if _, err := q.Exec(ctx, insertAuditSQL, actor, role, ev.Method, ev.TargetKind, ev.TargetID, ev.Outcome, string(detail)); err != nil {
-		return fmt.Errorf("audit %s %s %s: %w", ev.Method, ev.TargetKind, ev.TargetID, err)
+	if err := audit.Record(ctx, q, audit.Event{Actor: actor, Role: role, Method: ev.Method, TargetKind: ev.TargetKind, TargetID: ev.TargetID,
+		Outcome: ev.Outcome, Detail: ev.Detail}); err != nil {
+		return err
 	}
 	h.log.InfoContext(ctx, "audit", "method", ev.Method, "target_kind", ev.TargetKind, "target_id", ev.TargetID,
 		"outcome", ev.Outcome, "caller", actor, "role", role)

@@ -1,0 +1,58 @@
+// Package audit writes the audit trail (the audit_events table): who did
+// what to which target and how it ended. The api records every change made
+// through ControlService and every tunnel it relays; a gateway records every
+// tunnel opened on its relay, whoever opened it. Rows are facts: written in
+// the transaction that makes the change where there is one, never updated.
+package audit
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/leasehold/leasehold/pkg/pgdb"
+)
+
+// Event is one row of the audit trail.
+type Event struct {
+	// Actor is who acted (an api token's id, "join-token:<id>",
+	// "node:<id>", or the actor a relay call names); Role its role
+	// ("viewer" … "admin", "join-token", "node", "relay").
+	Actor, Role string
+	// Method is what was done: a ControlService method, or
+	// "tunnel.open"/"tunnel.close" (the api), "relay.open"/"relay.close"
+	// (a gateway's relay).
+	Method string
+	// TargetKind and TargetID name what it was done to ("node", "command",
+	// "pool", "pool_lease", "sink", "tunnel").
+	TargetKind, TargetID string
+	// Outcome is "ok", or what happened instead ("unchanged", a Connect
+	// code's name).
+	Outcome string
+	// Detail holds small, non-secret facts about the change.
+	Detail map[string]any
+}
+
+const insertSQL = `
+INSERT INTO audit_events (actor, role, method, target_kind, target_id, outcome, detail)
+VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)`
+
+// Record writes ev through q, which should be the transaction that makes
+// the change ev records, so the change and its row commit or roll back
+// together. An empty Outcome is "ok".
+func Record(ctx context.Context, q pgdb.Querier, ev Event) error {
+	if ev.Outcome == "" {
+		ev.Outcome = "ok"
+	}
+	detail := []byte("{}")
+	if len(ev.Detail) > 0 {
+		var err error
+		if detail, err = json.Marshal(ev.Detail); err != nil {
+			return fmt.Errorf("audit %s: encode detail: %w", ev.Method, err)
+		}
+	}
+	if _, err := q.Exec(ctx, insertSQL, ev.Actor, ev.Role, ev.Method, ev.TargetKind, ev.TargetID, ev.Outcome, string(detail)); err != nil {
+		return fmt.Errorf("audit %s %s %s: %w", ev.Method, ev.TargetKind, ev.TargetID, err)
+	}
+	return nil
+}
