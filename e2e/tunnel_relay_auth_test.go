@@ -5,10 +5,12 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -148,6 +150,37 @@ func TestTunnelRelayMutualTLS(t *testing.T) {
 	var opens int
 	require.NoError(t, s.db.Pool.QueryRow(ctx, `SELECT count(*) FROM audit_events WHERE method = 'tunnel.open' AND outcome = 'ok'`).Scan(&opens))
 	require.Equal(t, 1, opens, "only the api's tunnel opened")
+	s.requireRelayAudit(ctx, t, "certificate:leasehold-api")
+}
+
+// requireRelayAudit checks the gateway's own audit rows of the one tunnel
+// opened through the api: relay.open and relay.close, with the api's
+// caller as actor, how the relay authenticated the api, and the bytes.
+func (s *relayStack) requireRelayAudit(ctx context.Context, t *testing.T, caller string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		err := s.db.Pool.QueryRow(ctx, `SELECT count(*) FROM audit_events WHERE method = 'relay.close'`).Scan(&n)
+		return err == nil && n == 1
+	}, 30*time.Second, 50*time.Millisecond, "the gateway records the tunnel's close")
+	rows, err := s.db.Pool.Query(ctx, `SELECT method, actor, role, target_id, outcome, detail->>'caller', detail->>'target',
+	        coalesce(detail->>'bytes_to_node', ''), coalesce(detail->>'bytes_from_node', '')
+	   FROM audit_events WHERE method LIKE 'relay.%' ORDER BY id`)
+	require.NoError(t, err)
+	var got []string
+	for rows.Next() {
+		var method, actor, role, target, outcome, who, what, to, from string
+		require.NoError(t, rows.Scan(&method, &actor, &role, &target, &outcome, &who, &what, &to, &from))
+		got = append(got, strings.Join([]string{method, actor, role, target, outcome, who, what, to, from}, " "))
+	}
+	require.NoError(t, rows.Err())
+	var actor string // the api's caller, as the api's own row names it
+	require.NoError(t, s.db.Pool.QueryRow(ctx, `SELECT actor FROM audit_events WHERE method = 'tunnel.open' AND outcome = 'ok' LIMIT 1`).Scan(&actor))
+	port := fmt.Sprintf("port:%d", s.echoPort)
+	require.Equal(t, []string{
+		strings.Join([]string{"relay.open", actor, "relay", s.node, "ok", caller, port, "", ""}, " "),
+		strings.Join([]string{"relay.close", actor, "relay", s.node, "ok", caller, port, "65536", "65536"}, " "),
+	}, got)
 }
 
 // TestTunnelRelayTokenRotation: the relay's shared token is re-read on

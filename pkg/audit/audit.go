@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/leasehold/leasehold/pkg/pgdb"
 )
@@ -55,4 +56,16 @@ func Record(ctx context.Context, q pgdb.Querier, ev Event) error {
 		return fmt.Errorf("audit %s %s %s: %w", ev.Method, ev.TargetKind, ev.TargetID, err)
 	}
 	return nil
+}
+
+// maxDetailText bounds a text in an event's detail.
+const maxDetailText = 200
+
+// Short cuts s to at most 200 bytes of valid UTF-8 for an event's detail
+// (an error message, a signal name), marking a cut with "…".
+func Short(s string) string {
+	if len(s) <= maxDetailText {
+		return strings.ToValidUTF8(s, "")
+	}
+	return strings.ToValidUTF8(s[:maxDetailText], "") + "…"
 }

@@ -21,12 +21,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/leasehold/leasehold/pkg/audit"
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	relayv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/relay/v1"
@@ -57,6 +60,11 @@ type tunnel struct {
 	killOnce sync.Once
 	killed   chan struct{}
 	killErr  *connect.Error
+
+	// toNode and fromNode count the bytes relayed, for the close's audit
+	// row; shellExit is how the node said its shell ended.
+	toNode, fromNode atomic.Int64
+	shellExit        atomic.Pointer[nodev1.ShellExit]
 }
 
 // kill ends the tunnel with err; only the first kill counts.
@@ -277,15 +285,78 @@ func (g *Gateway) RelayTunnel(ctx context.Context, api *relayStream) error {
 		}
 		return connect.NewError(c, fmt.Errorf("node %s refused the tunnel: %s", t.nodeID, d.attach.GetErrorMessage()))
 	}
+	ra := relayAudit{actor: open.GetActor(), caller: g.relayAuth.peer(), target: tunnelTarget(open), tunnel: t}
+	if err := g.auditRelay(ctx, ra, "relay.open", nil); err != nil {
+		d.finish(connect.NewError(connect.CodeUnavailable, errors.New("the tunnel could not be audited")))
+		log.Error("tunnel refused: its audit row could not be written", "err", err)
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("tunnel %s: its audit row could not be written; retry", t.id))
+	}
 	if err := api.Send(&relayv1.RelayTunnelResponse{Opened: &controlv1.TunnelOpened{TunnelId: t.id, GatewayId: g.id}}); err != nil {
 		d.finish(connect.NewError(connect.CodeCanceled, errors.New("the caller went away")))
+		g.auditRelayClose(ctx, ra, err, log)
 		return err
 	}
 	g.m.tunnelsOpened.Inc()
 	log.Info("tunnel open")
 	err = g.relay(ctx, t, api, d)
 	log.Info("tunnel closed", "err", err)
+	g.auditRelayClose(ctx, ra, err, log)
 	return err
+}
+
+// relayAudit is what a relay tunnel's audit rows say: the actor the api
+// named, how the relay's caller was authenticated, the target.
+type relayAudit struct {
+	actor, caller, target string
+	tunnel                *tunnel
+}
+
+// auditRelay writes one audit row of a relay tunnel (relay.open or
+// relay.close), so every tunnel opened on the relay is on the audit trail
+// whoever opened it, beside the api's own tunnel.open/tunnel.close rows.
+// Audit rows are facts: not fenced on the gateway lease.
+func (g *Gateway) auditRelay(ctx context.Context, ra relayAudit, method string, extra map[string]any) error {
+	detail := map[string]any{"tunnel_id": ra.tunnel.id, "gateway": g.id, "target": ra.target, "caller": ra.caller}
+	maps.Copy(detail, extra)
+	outcome := "ok"
+	if code, ok := extra["code"].(string); ok {
+		outcome = code
+		delete(detail, "code")
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	return audit.Record(actx, g.db, audit.Event{Actor: ra.actor, Role: "relay", Method: method, TargetKind: "node", TargetID: ra.tunnel.nodeID,
+		Outcome: outcome, Detail: detail})
+}
+
+// auditRelayClose records a relay tunnel's end: bytes each way, how its
+// shell ended, and the error that ended it.
+func (g *Gateway) auditRelayClose(ctx context.Context, ra relayAudit, failure error, log *slog.Logger) {
+	extra := map[string]any{"bytes_to_node": ra.tunnel.toNode.Load(), "bytes_from_node": ra.tunnel.fromNode.Load()}
+	if se := ra.tunnel.shellExit.Load(); se != nil {
+		extra["shell_exit_code"] = se.GetExitCode()
+		if sig := se.GetSignal(); sig != "" {
+			extra["shell_signal"] = audit.Short(sig)
+		}
+	}
+	if failure != nil {
+		extra["code"] = connect.CodeOf(failure).String()
+		extra["error"] = audit.Short(failure.Error())
+	}
+	if err := g.auditRelay(ctx, ra, "relay.close", extra); err != nil {
+		log.Error("audit relay close", "err", err)
+	}
+}
+
+// tunnelTarget words a relay open's target as the api's audit rows do.
+func tunnelTarget(open *relayv1.RelayOpen) string {
+	switch k := open.GetTarget().GetKind().(type) {
+	case *controlv1.TunnelTarget_Port:
+		return fmt.Sprintf("port:%d", k.Port)
+	case *controlv1.TunnelTarget_Shell:
+		return "shell"
+	}
+	return ""
 }
 
 // finish ends the daemon's Tunnel handler with err (nil: a clean end).
@@ -338,6 +409,7 @@ func (g *Gateway) relay(ctx context.Context, t *tunnel, api *relayStream, d *dae
 				return
 			}
 			g.m.tunnelBytes.WithLabelValues("to_node").Add(float64(len(m.GetData())))
+			t.toNode.Add(int64(len(m.GetData())))
 		}
 	}()
 	// daemon -> api
@@ -364,12 +436,16 @@ func (g *Gateway) relay(ctx context.Context, t *tunnel, api *relayStream, d *dae
 			if len(m.GetData()) == 0 && m.GetShellExit() == nil {
 				continue
 			}
+			if se := m.GetShellExit(); se != nil {
+				t.shellExit.Store(se)
+			}
 			touch()
 			if err := api.Send(&relayv1.RelayTunnelResponse{Data: m.GetData(), ShellExit: m.GetShellExit()}); err != nil {
 				results <- result{"from_node", connect.NewError(connect.CodeCanceled, fmt.Errorf("the caller's side failed: %w", err))}
 				return
 			}
 			g.m.tunnelBytes.WithLabelValues("from_node").Add(float64(len(m.GetData())))
+			t.fromNode.Add(int64(len(m.GetData())))
 		}
 	}()
 
