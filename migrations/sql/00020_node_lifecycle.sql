@@ -1,5 +1,5 @@
 -- +goose Up
--- Node lifecycle (docs/operations.md, "Cordon, drain, decommission"): a
+-- Node lifecycle (docs/cli.md, "Drain a node"; docs/api.md, DrainNode): a
 -- cordoned node keeps what runs on it, but the placer allocates it to no
 -- new pool lease. The placer reads cordoned_at in the same statement that
 -- locks the candidate row, and CordonNode's UPDATE takes a conflicting row
