@@ -44,8 +44,11 @@ func TestStreamLimitPushesBack(t *testing.T) {
 	require.InDelta(t, 1, testutil.ToFloat64(g.m.pushbacks.WithLabelValues("max-streams")), 0)
 	require.Equal(t, 2, g.SessionCount(), "the sessions in place are untouched")
 
+	// End a's stream from the node's side (Go's HTTP/2 client sends
+	// nothing on a cancel while its request body is open: close that too).
 	a.cancel()
-	require.Eventually(t, func() bool { return g.streams.Load() == 1 }, 10*time.Second, 5*time.Millisecond, "the ended stream frees its slot")
+	_ = a.stream.CloseRequest()
+	require.Eventually(t, func() bool { return g.streams.Load() == 1 }, 30*time.Second, 5*time.Millisecond, "the ended stream frees its slot")
 	dialRaw(t, g.Addr()).welcome(t, "s-2", creds[2])
 }
 
