@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 )
 
 type processResult struct {
@@ -25,6 +26,13 @@ type scenarioResult struct {
 	// Leases held again; ReadyBack to every process answering /readyz 200.
 	LeasesBack float64 `json:"leases_back_s"`
 	ReadyBack  float64 `json:"ready_back_s"`
+	// NodesBack is the time from the database being back to every node
+	// holding a session again (sampled once every process is ready, so
+	// the sessions a fencing gateway closed are counted); NodesAfterReady
+	// is the same from every process being ready: the nodes' own delay,
+	// whose target is 5 s (-1: not every node came back).
+	NodesBack       float64 `json:"nodes_back_s"`
+	NodesAfterReady float64 `json:"nodes_after_ready_s"`
 	// CompletedBack is the time from the database being back until every
 	// acknowledged command still in the table had completed (0: some never
 	// did); it includes -after and the nodes' reconnection back-off.
@@ -53,6 +61,11 @@ type scenarioResult struct {
 	LogOverlaps           int      `json:"lease_log_overlapping_validity"`
 	Error                 string   `json:"error,omitempty"`
 }
+
+// nodesBackTarget is how soon after the control plane serves again every
+// node must hold a session (the gateways push Hellos back with a short
+// delay while fenced, which resets the nodes' back-off).
+const nodesBackTarget = 5 * time.Second
 
 func (s *scenarioResult) overlaps() int {
 	return len(s.TwoHoldersSeen) + s.LogSameEpochTwoOwners + s.LogOverlaps
@@ -96,6 +109,9 @@ func (r *result) judge() {
 		if s.Lost > 0 && s.Scenario != "promote-async" {
 			fail(s, "%d acknowledged commands never completed", s.Lost)
 		}
+		if s.NodesAfterReady < 0 || s.NodesAfterReady > nodesBackTarget.Seconds() {
+			fail(s, "nodes back %.1f s after every process was ready (target %s; -1: not all)", s.NodesAfterReady, nodesBackTarget)
+		}
 	}
 	r.Gate.Pass = len(r.Gate.Failures) == 0
 }
@@ -103,11 +119,11 @@ func (r *result) judge() {
 func (r *result) print(w io.Writer) {
 	fmt.Fprintf(w, "\ndbfailover: %s, timings %s, %d nodes, %.0f commands/s, outage %.0fs, async lag %.0fs\n\n",
 		r.Machine, r.Timings, r.Nodes, r.Rate, r.Outage, r.AsyncLag)
-	fmt.Fprintf(w, "| scenario | replication | down | every lease held again | every process ready | acknowledged | completed | lost | duplicates | processes restarted | two holders |\n")
-	fmt.Fprintf(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	fmt.Fprintf(w, "| scenario | replication | down | every lease held again | every process ready | every node connected (after ready) | acknowledged | completed | lost | duplicates | processes restarted | two holders |\n")
+	fmt.Fprintf(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, s := range r.Scenarios {
-		fmt.Fprintf(w, "| %s | %s | %.1f s | %.1f s | %.1f s | %d | %d | %d | %d | %d | %d |\n", s.Scenario, s.Replication, s.Down, s.LeasesBack, s.ReadyBack,
-			s.Acknowledged, s.Completed, s.Lost, s.Duplicates, s.Restarted, s.overlaps())
+		fmt.Fprintf(w, "| %s | %s | %.1f s | %.1f s | %.1f s | %.1f s (%.1f s) | %d | %d | %d | %d | %d | %d |\n", s.Scenario, s.Replication, s.Down, s.LeasesBack, s.ReadyBack,
+			s.NodesBack, s.NodesAfterReady, s.Acknowledged, s.Completed, s.Lost, s.Duplicates, s.Restarted, s.overlaps())
 	}
 	fmt.Fprintln(w)
 	for _, s := range r.Scenarios {

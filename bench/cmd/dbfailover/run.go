@@ -234,7 +234,15 @@ func (r *run) do(ctx context.Context) (*scenarioResult, error) {
 	if readyErr == nil {
 		sr.ReadyBack = time.Since(back).Seconds()
 	}
-	r.logf("every lease held %.1fs after the database was back; every process ready after %.1fs", sr.LeasesBack, sr.ReadyBack)
+	sr.NodesBack, sr.NodesAfterReady = -1, -1
+	if harness.Poll(ctx, r.c.recoverTimeout, 20*time.Millisecond, func() bool { return sim.Connected() == len(ids) }) == nil {
+		sr.NodesBack = time.Since(back).Seconds()
+		if readyErr == nil {
+			sr.NodesAfterReady = max(0, sr.NodesBack-sr.ReadyBack)
+		}
+	}
+	r.logf("every lease held %.1fs after the database was back; every process ready after %.1fs; every node connected after %.1fs",
+		sr.LeasesBack, sr.ReadyBack, sr.NodesBack)
 	_ = harness.Sleep(ctx, r.c.after)
 	stopLoad()
 

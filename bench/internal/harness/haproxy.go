@@ -33,7 +33,8 @@ func scaledMs(ms int, rate float64) int {
 const fdsPerProcess = 18000
 
 // StartHAProxy runs HAProxy (TCP mode, leastconn, `option httpchk GET
-// /readyz` against each backend's health port) in the foreground as
+// /readyz` against each backend's health port, failing open to the live
+// ones on /livez while none is ready) in the foreground as
 // children and returns the address they listen on. HAProxy needs two
 // descriptors per proxied connection, so when maxconn needs more than
 // fdsPerProcess it starts several identical processes bound to the same
@@ -69,6 +70,8 @@ defaults
 frontend nodes
     bind %s
     maxconn %d
+    # Fail open to live gateways when none is ready (deploy/haproxy).
+    use_backend gateways_live if { nbsrv(gateways) eq 0 }
     default_backend gateways
 
 backend gateways
@@ -80,10 +83,20 @@ backend gateways
     # connections, for up to a second.
     default-server inter %dms fall 2 rise 2 observe layer4 error-limit 1 on-error mark-down
 `, maxconn+100, scaledMs(1000, rate), addr, maxconn, scaledMs(500, rate))
-	for _, be := range backends {
-		_, port, _ := strings.Cut(be.HTTP, ":")
-		fmt.Fprintf(&b, "    server %s %s check port %s\n", be.Name, be.Listen, port)
+	servers := func() {
+		for _, be := range backends {
+			_, port, _ := strings.Cut(be.HTTP, ":")
+			fmt.Fprintf(&b, "    server %s %s check port %s\n", be.Name, be.Listen, port)
+		}
 	}
+	servers()
+	fmt.Fprintf(&b, `
+backend gateways_live
+    balance roundrobin
+    option httpchk GET /livez
+    default-server inter %dms fall 2 rise 2 observe layer4 error-limit 1 on-error mark-down
+`, scaledMs(500, rate))
+	servers()
 	cfg := filepath.Join(dir, "haproxy.cfg")
 	if err := os.WriteFile(cfg, []byte(b.String()), 0o644); err != nil {
 		return "", nil, err
