@@ -186,8 +186,15 @@ func TestDevstackRestartsAKilledServiceAndStopsCleanly(t *testing.T) {
 		return resp.StatusCode == http.StatusOK
 	}, 2*time.Minute, 100*time.Millisecond, "the restarted worker serves on its port again")
 
+	stopAt := time.Now()
 	p.Signal(syscall.SIGTERM)
 	require.Equal(t, 0, p.Wait(2*time.Minute), p.Logs())
+	// Every child stopped on its own within its grace (the dev gateway
+	// drains its nodes in 2 s + 1 s): none was SIGKILLed, so each released
+	// its leases. How long the stop took is logged, not asserted (a busy
+	// machine stretches it; the mechanism is what is checked).
+	t.Logf("the stack stopped %s after SIGTERM with two nodes connected", time.Since(stopAt).Round(time.Millisecond))
+	require.NotContains(t, p.Logs(), "service did not stop in time")
 	require.Contains(t, p.Logs(), "stopping the services")
 	require.Equal(t, 2, strings.Count(p.Logs(), "service started\" service=worker"), "no restart while stopping")
 	require.ErrorIs(t, syscall.Kill(second, 0), syscall.ESRCH, "the worker was stopped with the stack")
