@@ -90,6 +90,7 @@ func TestDatabaseOutageRecoversInPlace(t *testing.T) {
 		mu        sync.Mutex
 		liveFails []string
 		notReady  = map[string]bool{}
+		fenced    = map[string]bool{} // gateways whose leasehold_role read 2
 	)
 	probe := func() {
 		for name, p := range procs {
@@ -101,6 +102,11 @@ func TestDatabaseOutageRecoversInPlace(t *testing.T) {
 			if code, _, err := p.Get("/readyz", ""); err == nil && code == 503 {
 				mu.Lock()
 				notReady[name] = true
+				mu.Unlock()
+			}
+			if strings.HasPrefix(name, "gw_") && metricValue(t, p, `leasehold_role{component="gateway"}`) == 2 {
+				mu.Lock()
+				fenced[name] = true
 				mu.Unlock()
 			}
 		}
@@ -179,7 +185,21 @@ func TestDatabaseOutageRecoversInPlace(t *testing.T) {
 	for _, name := range []string{"gw_o1", "gw_o2", "wo1", "wo2"} {
 		require.True(t, notReady[name], "%s answered not ready while the database was away", name)
 	}
+	for _, gw := range []string{"gw_o1", "gw_o2"} {
+		require.True(t, fenced[gw], "%s exported leasehold_role 2 (fenced) while the database was away", gw)
+	}
 	mu.Unlock()
+	// The role and lease metrics say the same as the database once it is
+	// back: both gateways active, the workers' shard gauges adding up to
+	// every controller shard.
+	require.Eventually(t, func() bool {
+		for _, gw := range []string{"gw_o1", "gw_o2"} {
+			if metricValue(t, procs[gw], `leasehold_role{component="gateway"}`) != 1 {
+				return false
+			}
+		}
+		return metricValue(t, w1, `leasehold_shards_owned{group="controllers"}`)+metricValue(t, w2, `leasehold_shards_owned{group="controllers"}`) == 256
+	}, time.Minute, 100*time.Millisecond, "gateways export leasehold_role 1 and the workers' leasehold_shards_owned add up to 256")
 	after := readLeases(t, db.Pool)
 	for _, gw := range []string{"gw_o1", "gw_o2"} {
 		name := "gateway:" + gw

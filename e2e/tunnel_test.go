@@ -101,7 +101,10 @@ func floodServer(t *testing.T, total int, written *atomic.Int64) uint32 {
 }
 
 // metricValue reads one sample of p's /metrics (-1 when absent).
-func metricValue(t *testing.T, p *proctest.Proc, sample string) float64 {
+func metricValue(t *testing.T, p interface {
+	Get(path, token string) (int, string, error)
+}, sample string,
+) float64 {
 	t.Helper()
 	code, body, err := p.Get("/metrics", "")
 	if err != nil || code != http.StatusOK {
