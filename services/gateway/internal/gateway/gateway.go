@@ -118,7 +118,8 @@ type Gateway struct {
 	// OnAcquired arriving late, never undoes a fence.
 	servedEpoch int64
 	generation  atomic.Uint64
-	stopping    atomic.Bool // SIGTERM: a lease taken again no longer resumes serving
+	ownSkew     atomic.Int64 // this process's clock minus the database's, ns (skew.go)
+	stopping    atomic.Bool  // SIGTERM: a lease taken again no longer resumes serving
 	keeperStop  context.CancelFunc
 	keeperDone  chan struct{}
 	keeperDB    *pgxpool.Pool // the keeper's own pool (lease.go)

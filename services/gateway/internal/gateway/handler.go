@@ -179,6 +179,9 @@ func (g *Gateway) handleMessage(ctx context.Context, s *session, req *nodev1.Con
 	case *nodev1.ConnectRequest_Hello:
 		return connect.NewError(connect.CodeFailedPrecondition, errSecondHello)
 	case *nodev1.ConnectRequest_Heartbeat:
+		if at := m.Heartbeat.GetSentAt(); at.IsValid() {
+			g.observeSkew(s, at.AsTime(), g.clock.Now())
+		}
 		// A HeartbeatAck still means every result sent before the
 		// Heartbeat is stored, as when each result was awaited in turn.
 		if err := s.settled(ctx); err != nil {

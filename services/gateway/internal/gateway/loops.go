@@ -43,9 +43,11 @@ func (g *Gateway) livenessLoop(ctx context.Context) {
 func (g *Gateway) livenessOnce(ctx context.Context) error {
 	silentBefore := g.clock.Now().Add(-3 * g.cfg.HeartbeatInterval)
 	var (
-		live   []*session
-		ids    []string
-		epochs []int64
+		live    []*session
+		ids     []string
+		epochs  []int64
+		skews   []*int32
+		maxSkew time.Duration
 	)
 	for _, s := range g.snapshot() {
 		if s.heldBack.Load() {
@@ -58,7 +60,14 @@ func (g *Gateway) livenessOnce(ctx context.Context) error {
 		live = append(live, s)
 		ids = append(ids, s.nodeID)
 		epochs = append(epochs, s.epoch)
+		var skew *int32
+		if ms, ok := s.skewMillis(); ok {
+			skew = &ms
+			maxSkew = max(maxSkew, time.Duration(abs(int64(ms)))*time.Millisecond)
+		}
+		skews = append(skews, skew)
 	}
+	g.m.nodeSkewMax.Set(maxSkew.Seconds())
 	if len(live) == 0 {
 		// Still prove the lease in a fenced transaction, so a resumed
 		// gateway notices a lost lease even with no sessions.
@@ -67,19 +76,27 @@ func (g *Gateway) livenessOnce(ctx context.Context) error {
 	matched := make(map[string]struct{}, len(live))
 	err := g.runFenced(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		clear(matched)
-		rows, err := tx.Query(ctx, livenessSQL, g.id, ids, epochs, g.cfg.SessionLease.Seconds())
+		sent := g.clock.Now()
+		rows, err := tx.Query(ctx, livenessSQL, g.id, ids, epochs, g.cfg.SessionLease.Seconds(), skews)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
+		var dbNow time.Time
 		for rows.Next() {
 			var id string
-			if err := rows.Scan(&id); err != nil {
+			if err := rows.Scan(&id, &dbNow); err != nil {
 				return err
 			}
 			matched[id] = struct{}{}
 		}
-		return rows.Err()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if !dbNow.IsZero() {
+			g.observeOwnSkew(sent, g.clock.Now(), dbNow)
+		}
+		return nil
 	})
 	if err != nil {
 		return err

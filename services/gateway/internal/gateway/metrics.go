@@ -17,6 +17,8 @@ type metrics struct {
 	dispatchLatency prometheus.Histogram
 	dispatchCall    prometheus.Histogram
 	windowFull      prometheus.Counter
+	clockSkew       prometheus.Gauge
+	nodeSkewMax     prometheus.Gauge
 	ingestBatch     prometheus.Histogram
 	ingestFlush     prometheus.Histogram
 	fenceFailures   prometheus.Counter
@@ -66,6 +68,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		dispatchCall: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "leasehold_gateway_dispatch_call_seconds", Help: "Duration of one fenced dispatch transaction (fence, pick, update, commit).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		clockSkew: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "leasehold_clock_skew_seconds", Help: "Process clock minus compute_now(), from the last session liveness write.",
+		}),
+		nodeSkewMax: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "leasehold_gateway_node_clock_skew_max_seconds", Help: "Largest absolute clock skew (node clock minus database clock, from heartbeats) among this gateway's sessions at the last liveness write.",
 		}),
 		windowFull: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "leasehold_gateway_node_window_full_total", Help: "Dispatch rounds that skipped a session because its node window (--gateway.node-window) was full.",
@@ -124,7 +132,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.streams, m.sessions, m.hellos, m.pushbacks, m.dispatched, m.replayed, m.dispatchLatency, m.dispatchCall, m.windowFull, m.ingestBatch, m.ingestFlush,
 		m.fenceFailures, m.selfFences, m.zombies, m.renewLatency, m.results, m.events, m.specPushes)
-	reg.MustRegister(m.outputBytes, m.cancels, m.helloRefusals)
+	reg.MustRegister(m.outputBytes, m.cancels, m.helloRefusals, m.clockSkew, m.nodeSkewMax)
 	reg.MustRegister(m.tunnelsOpen, m.tunnelsOpened, m.tunnelsRefused, m.tunnelsIdle, m.tunnelBytes)
 	m.role = health.NewRoleGauge(reg, "gateway")
 	return m

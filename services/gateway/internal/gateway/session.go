@@ -42,6 +42,9 @@ type session struct {
 	stopWaits context.CancelFunc
 
 	lastRecv atomic.Int64 // unix nanos of the last message from the node
+	// skew is the node's clock minus the database's in nanoseconds, from
+	// its last heartbeat (noSkew before one; skew.go).
+	skew atomic.Int64
 	// specVersion is the nodes.spec_version the node last received (in
 	// Welcome or a NodeSpecUpdate).
 	specVersion atomic.Int64

@@ -99,15 +99,17 @@ UPDATE commands c SET
 RETURNING c.id, c.node_id, s.session_epoch, c.kind, c.payload, c.deadline, c.dispatch_count,
           extract(epoch FROM compute_now() - c.created_at)::float8, c.traceparent`
 
-// livenessSQL extends every session this gateway holds at its epoch; the
+// livenessSQL extends every session this gateway holds at its epoch and
+// records each node's clock skew measured since (NULL keeps the last); the
 // sessions it does not return are zombies.
 const livenessSQL = `
 UPDATE node_sessions s SET
   last_seen_at = compute_now(),
-  session_expires_at = compute_now() + make_interval(secs => $4::float8)
-  FROM unnest($2::text[], $3::bigint[]) AS m(node_id, epoch)
+  session_expires_at = compute_now() + make_interval(secs => $4::float8),
+  clock_skew_ms = coalesce(m.skew, s.clock_skew_ms)
+  FROM unnest($2::text[], $3::bigint[], $5::int[]) AS m(node_id, epoch, skew)
  WHERE s.node_id = m.node_id AND s.session_epoch = m.epoch AND s.gateway_id = $1 AND s.state = 'connected'
-RETURNING s.node_id`
+RETURNING s.node_id, compute_now()`
 
 // closeSessionSQL marks a session whose stream ended disconnected, only at
 // its epoch; closeNodeSQL does the same for the node's state.
