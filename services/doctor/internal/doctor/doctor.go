@@ -60,6 +60,7 @@ var checks = map[string]checkFunc{
 	CodeNodesUnreachable:  checkNodesUnreachable,
 	CodeNodesDisconnected: checkNodesDisconnected,
 	CodeNodesVersions:     checkNodesVersions,
+	CodeNodesClockSkew:    checkNodesClockSkew,
 	CodeSitesBoot:         checkSitesBoot,
 	CodeDBVersion:         checkVersion,
 	CodeDBMigrations:      checkMigrations,
