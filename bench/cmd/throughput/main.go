@@ -54,6 +54,7 @@ type config struct {
 	producer, jsonPath, binDir  string
 	durable, river, ceiling     bool
 	nodesProcess                bool
+	keep                        bool
 	gatewayArgs                 []string
 }
 
@@ -187,6 +188,7 @@ func main() {
 	flag.BoolVar(&c.durable, "durable", true, "local PostgreSQL with fsync and synchronous_commit on")
 	flag.BoolVar(&c.river, "river", true, "measure River too")
 	flag.BoolVar(&c.ceiling, "ceiling", true, "first measure the creators alone: unpaced single-row inserts into commands, nothing dispatching them (what this machine can insert at all)")
+	flag.BoolVar(&c.keep, "keep", false, "keep each run's work directory with every process's log")
 	flag.BoolVar(&c.nodesProcess, "nodes-process", true, "run the simulated nodes in a nodesim process of their own, as River's worker has its own (false: in the bench process beside the creators)")
 	flag.Func("gateway-arg", "an extra gateway flag, e.g. --gateway.dispatch-batch=100 (repeatable)", func(v string) error {
 		c.gatewayArgs = append(c.gatewayArgs, v)
@@ -391,7 +393,12 @@ func leasehold(ctx context.Context, c config, srv *harness.Server, sup *harness.
 			}
 		}
 	}
-	defer f.Close(false)
+	defer func() {
+		f.Close(c.keep)
+		if c.keep && f.Dir != "" {
+			logf("logs kept in %s", f.Dir)
+		}
+	}()
 	if err != nil {
 		return m, nil, dir, err
 	}
