@@ -150,6 +150,11 @@ type Daemon struct {
 	log       *slog.Logger
 	backoff   Backoff
 
+	// failedDials counts the dials in a row that ended without a Welcome or
+	// a pushback, and lastDialWarn is when one was last logged (Run only).
+	failedDials  int
+	lastDialWarn time.Time
+
 	dials, welcomes, pushbacks, drains, executions, replays atomic.Int64
 	cancels, droppedOutput                                  atomic.Int64
 	tunnelsOpened, tunnelsRefused                           atomic.Int64
@@ -363,6 +368,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			wait = d.backoff.Next()
 		}
 		d.log.Debug("session ended; redialling", "err", end.err, "wait", wait, "pushback", end.pushback, "drained", end.drained)
+		d.warnFailedDial(end, wait)
 		select {
 		case <-ctx.Done():
 		case <-d.clock.After(wait):
@@ -642,3 +648,25 @@ func sanitizeText(s string) string {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// dialWarnEvery bounds how often a daemon that cannot open a session says
+// so: the first failure, then once a minute while they go on.
+const dialWarnEvery = time.Minute
+
+// warnFailedDial logs a dial that ended without a session (refused
+// connection, TLS handshake, DNS, a gateway answering an error) at Warn,
+// the first of a run of them and then once every dialWarnEvery, so an
+// agent that cannot reach its gateways says why without flooding its log.
+func (d *Daemon) warnFailedDial(end sessionEnd, wait time.Duration) {
+	if end.welcomed || end.pushback || end.drained || end.err == nil {
+		d.failedDials = 0
+		return
+	}
+	d.failedDials++
+	now := d.clock.Now()
+	if d.failedDials > 1 && now.Sub(d.lastDialWarn) < dialWarnEvery {
+		return
+	}
+	d.lastDialWarn = now
+	d.log.Warn("cannot open a session with the gateway; redialling", "address", d.cfg.Address, "failed_dials", d.failedDials, "retry_in", wait, "err", end.err)
+}
