@@ -24,6 +24,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/leasehold/leasehold/pkg/coord"
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	relayv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/relay/v1"
@@ -106,12 +107,11 @@ func (d *relayDialer) watchers() []*reload.Watcher {
 
 // tunnelRouteSQL finds a node and, when it has a live session on a gateway
 // whose lease is live, that gateway and its relay address.
-const tunnelRouteSQL = `
+var tunnelRouteSQL = `
 SELECT n.state = 'revoked', coalesce(s.gateway_id, ''), coalesce(r.relay_addr, '')
   FROM nodes n
   LEFT JOIN node_sessions s ON s.node_id = n.id AND s.state = 'connected' AND s.session_expires_at > compute_now()
-       AND EXISTS (SELECT 1 FROM leases l WHERE l.name = 'gateway:' || s.gateway_id
-                      AND l.owner IS NOT NULL AND l.expires_at > compute_now())
+       AND ` + coord.GatewayLeaseLive("s.gateway_id") + `
   LEFT JOIN gateway_relays r ON r.gateway_id = s.gateway_id
  WHERE n.id = $1`
 

@@ -170,7 +170,7 @@ func New(cfg Config, deps Deps) (_ *Gateway, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("gateway id: %w", err)
 	}
-	name := "gateway:" + deps.ID
+	name := coord.GatewayLease(deps.ID)
 	if err := coord.ValidateName(name); err != nil {
 		return nil, err
 	}

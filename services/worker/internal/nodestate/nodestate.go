@@ -69,14 +69,13 @@ func Register(rt *reconcile.Runtime, cfg Config) error {
 	})
 }
 
-const scanSQL = `
+var scanSQL = `
 SELECT s.node_id
   FROM node_sessions s
   JOIN nodes n ON n.id = s.node_id
-  LEFT JOIN leases l ON l.name = 'gateway:' || s.gateway_id
  WHERE n.state IN ('connected', 'disconnected')
    AND (
-     (s.state = 'connected' AND (l.owner IS NULL OR l.expires_at <= compute_now() OR s.session_expires_at < compute_now()))
+     (s.state = 'connected' AND (NOT ` + coord.GatewayLeaseLive("s.gateway_id") + ` OR s.session_expires_at < compute_now()))
      OR (s.state = 'disconnected' AND n.state = 'connected')
      OR (s.state = 'disconnected' AND compute_now() > s.session_expires_at
            + CASE WHEN s.close_reason = 'gateway_lost' THEN make_interval(secs => $1::float8) ELSE interval '0' END)
@@ -99,13 +98,12 @@ func Scan(ctx context.Context, tx pgx.Tx, cfg Config) (int, error) {
 	return queue.EnqueueMany(ctx, tx, Reconciler, ids, 0)
 }
 
-const readSQL = `
+var readSQL = `
 SELECT n.state, s.session_epoch, s.state, s.gateway_id, s.session_expires_at, s.close_reason,
-       (l.owner IS NOT NULL AND l.expires_at > compute_now()) AS gateway_live,
+       ` + coord.GatewayLeaseLive("s.gateway_id") + ` AS gateway_live,
        compute_now()
   FROM nodes n
   JOIN node_sessions s ON s.node_id = n.id
-  LEFT JOIN leases l ON l.name = 'gateway:' || s.gateway_id
  WHERE n.id = $1`
 
 type observed struct {

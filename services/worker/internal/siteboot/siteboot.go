@@ -192,13 +192,12 @@ type Outcome struct {
 // agentsSQL lists the site's agents and whether each has a live session:
 // node and session connected, session lease unexpired, and its gateway's
 // lease live (a dead gateway's sessions count as gone at once).
-const agentsSQL = `
+var agentsSQL = `
 SELECT n.id,
        COALESCE(n.state = 'connected' AND s.state = 'connected' AND s.session_expires_at > compute_now()
-                AND g.owner IS NOT NULL AND g.expires_at > compute_now(), false)
+                AND ` + coord.GatewayLeaseLive("s.gateway_id") + `, false)
   FROM nodes n
   LEFT JOIN node_sessions s ON s.node_id = n.id
-  LEFT JOIN leases g ON g.name = 'gateway:' || s.gateway_id
  WHERE n.kind = 'site_agent' AND n.site_id = $1 AND n.state <> 'revoked'
  ORDER BY n.id`
 
