@@ -218,6 +218,17 @@ func (g *Gateway) flush(ctx context.Context, batch []*ingestItem) {
 	}
 	timer := prometheus.NewTimer(g.m.ingestFlush) // wall time: a latency metric
 	out, tps, err := g.writeBatch(ctx, batch)
+	for attempt := 1; err != nil && lockConflict(err) && attempt < maxConflictRetries && ctx.Err() == nil; attempt++ {
+		// A deadlock (a Hello's replay locking the same commands in
+		// another order) or a serialization failure says nothing about
+		// the reports: the batch is written again whole. Splitting it
+		// into one statement per report, as for an error that may be one
+		// report's, would cost a thousand round trips at the moment the
+		// database is busiest.
+		g.m.ingestRetries.Inc()
+		g.log.Info("group commit hit a lock conflict; writing the batch again", "reports", len(batch), "attempt", attempt, "err", err)
+		out, tps, err = g.writeBatch(ctx, batch)
+	}
 	if err != nil && len(batch) > 1 && ctx.Err() == nil {
 		g.log.Warn("group commit failed; writing its reports one by one", "reports", len(batch), "err", err)
 		for _, it := range batch {
@@ -403,6 +414,18 @@ func (g *Gateway) writeBatch(ctx context.Context, batch []*ingestItem) ([]string
 // 22, e.g. a NUL in text, a timestamp out of range) or an integrity
 // violation (class 23) other than the conflicts a retry resolves (unique
 // and foreign key violations: a concurrent writer or a deleted command).
+// maxConflictRetries bounds the writes of one batch that lock conflicts
+// may take before it is written one report at a time.
+const maxConflictRetries = 3
+
+// lockConflict reports whether err is a transaction the database aborted
+// for a conflict with another one (deadlock_detected,
+// serialization_failure): writing the same again is expected to succeed.
+func lockConflict(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "40P01" || pe.Code == "40001")
+}
+
 func permanentDBError(err error) bool {
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) || len(pe.Code) != 5 {

@@ -17,6 +17,7 @@ type metrics struct {
 	dispatchLatency prometheus.Histogram
 	dispatchCall    prometheus.Histogram
 	windowFull      prometheus.Counter
+	ingestRetries   prometheus.Counter
 	clockSkew       prometheus.Gauge
 	nodeSkewMax     prometheus.Gauge
 	ingestBatch     prometheus.Histogram
@@ -68,6 +69,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		dispatchCall: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "leasehold_gateway_dispatch_call_seconds", Help: "Duration of one fenced dispatch transaction (fence, pick, update, commit).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		ingestRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leasehold_gateway_ingest_conflict_retries_total", Help: "Group commits written again whole after the database aborted them for a lock conflict (a deadlock with a Hello's replay, a serialization failure).",
 		}),
 		clockSkew: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "leasehold_clock_skew_seconds", Help: "Process clock minus compute_now(), from the last session liveness write.",
@@ -132,7 +136,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.streams, m.sessions, m.hellos, m.pushbacks, m.dispatched, m.replayed, m.dispatchLatency, m.dispatchCall, m.windowFull, m.ingestBatch, m.ingestFlush,
 		m.fenceFailures, m.selfFences, m.zombies, m.renewLatency, m.results, m.events, m.specPushes)
-	reg.MustRegister(m.outputBytes, m.cancels, m.helloRefusals, m.clockSkew, m.nodeSkewMax)
+	reg.MustRegister(m.outputBytes, m.cancels, m.helloRefusals, m.clockSkew, m.nodeSkewMax, m.ingestRetries)
 	reg.MustRegister(m.tunnelsOpen, m.tunnelsOpened, m.tunnelsRefused, m.tunnelsIdle, m.tunnelBytes)
 	m.role = health.NewRoleGauge(reg, "gateway")
 	return m
