@@ -8,6 +8,7 @@ package gateway
 // refused dial gets Pushback{retry_after, reason}.
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"time"
@@ -41,23 +42,52 @@ func (g *Gateway) admitStream(stream *connect.BidiStream[nodev1.ConnectRequest, 
 	return nil
 }
 
-// admitHello takes a token of the handshake bucket and a slot among the
-// MaxPendingHellos concurrent Hello transactions for an authenticated
-// Hello, or refuses the dial with a pushback. A nil error must be followed
-// by helloDone.
-func (g *Gateway) admitHello(stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse]) error {
+// admitHello takes a token of the handshake bucket, a place among the
+// MaxPendingHellos Hellos admitted at once, and then waits (at most
+// helloSlotWait) for one of the helloSlots that may run their transaction,
+// for an authenticated Hello; or it refuses the dial with a pushback. A
+// nil error must be followed by helloDone.
+func (g *Gateway) admitHello(ctx context.Context, stream *connect.BidiStream[nodev1.ConnectRequest, nodev1.ConnectResponse]) error {
 	if !g.limiter.AllowN(g.clock.Now(), 1) {
 		return g.pushback(stream, "hello-rate", g.rateRetryAfter(), connect.CodeResourceExhausted)
 	}
+	busy := func() error {
+		return g.pushback(stream, "max-pending-hellos", 500*time.Millisecond+rand.N(500*time.Millisecond), connect.CodeResourceExhausted)
+	}
 	if g.pending.Add(1) > int64(g.cfg.MaxPendingHellos) {
 		g.pending.Add(-1)
-		return g.pushback(stream, "max-pending-hellos", 500*time.Millisecond+rand.N(500*time.Millisecond), connect.CodeResourceExhausted)
+		return busy()
+	}
+	wctx, cancel := context.WithTimeout(ctx, helloSlotWait)
+	defer cancel()
+	if err := g.helloRun.Acquire(wctx, 1); err != nil {
+		g.pending.Add(-1)
+		return busy()
 	}
 	return nil
 }
 
+// helloSlotWait bounds how long an admitted Hello waits for a slot to run
+// its transaction: a burst is queued, a database that stalls every slot
+// pushes the dials back.
+const helloSlotWait = 2 * time.Second
+
+// helloSlotsFor is how many Hello transactions may run at once with a pool
+// of poolMax connections: MaxPendingHellos, but at most half the pool. A
+// Hello holds a connection for its whole transaction, which waits on the
+// row locks of the commands it replays; with more of them than the pool
+// has connections, a reconnect wave would leave the group commit, dispatch
+// and the liveness write no connection, heartbeats would go unanswered,
+// and more nodes would redial (the unpaced throughput bench's collapse).
+func helloSlotsFor(maxPending int, poolMax int32) int64 {
+	return int64(max(1, min(maxPending, int(poolMax)/2)))
+}
+
 // helloDone frees the Hello transaction slot admitHello took.
-func (g *Gateway) helloDone() { g.pending.Add(-1) }
+func (g *Gateway) helloDone() {
+	g.helloRun.Release(1)
+	g.pending.Add(-1)
+}
 
 // notServingRetryAfter is the retry delay a starting or fenced gateway
 // gives: 1 to 3 s, so a fleet is back within seconds of the gateway

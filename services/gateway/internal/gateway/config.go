@@ -45,7 +45,9 @@ type Config struct {
 
 	// MaxStreams bounds concurrent streams (sessions and pending Hellos).
 	MaxStreams int
-	// MaxPendingHellos bounds concurrent Hello transactions.
+	// MaxPendingHellos bounds the authenticated Hellos admitted at once,
+	// waiting for a slot or running their transaction; at most half the
+	// pool's connections run them (helloSlotsFor).
 	MaxPendingHellos int
 	// MaxPendingAuths bounds concurrent credential checks, the one
 	// database read a Hello costs before it is authenticated; a Hello that
@@ -136,7 +138,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.DurationVar(&c.LivenessInterval, prefix+"gateway.liveness-interval", 10*time.Second, "interval of the batched session liveness write (must be < session lease/2)")
 	f.DurationVar(&c.HeartbeatInterval, prefix+"gateway.heartbeat-interval", 5*time.Second, "heartbeat interval told to daemons in Welcome")
 	f.IntVar(&c.MaxStreams, prefix+"gateway.max-streams", 5000, "maximum concurrent node streams")
-	f.IntVar(&c.MaxPendingHellos, prefix+"gateway.max-pending-hellos", 64, "maximum concurrent Hello transactions")
+	f.IntVar(&c.MaxPendingHellos, prefix+"gateway.max-pending-hellos", 64, "maximum Hellos admitted at once (past it a dial is pushed back); their transactions run on at most half of --db-max-conns, the rest wait up to 2 s, so a reconnect wave leaves connections to the group commit, dispatch and the liveness write")
 	f.IntVar(&c.MaxPendingAuths, prefix+"gateway.max-pending-auths", 4, "maximum concurrent credential checks (one database read each; the only database work a Hello with a bad credential costs); keep it below --db-max-conns")
 	f.Float64Var(&c.HelloRate, prefix+"gateway.hello-rate", 200, "handshake token bucket rate (Hellos per second)")
 	f.IntVar(&c.HelloBurst, prefix+"gateway.hello-burst", 50, "handshake token bucket burst")

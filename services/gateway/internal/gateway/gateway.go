@@ -96,6 +96,11 @@ type Gateway struct {
 	state   atomic.Int32
 	streams atomic.Int64
 	pending atomic.Int64
+	// helloSlots is how many Hello transactions may run at once: the
+	// smaller of MaxPendingHellos and half the pool (helloSlotsFor);
+	// helloRun holds them.
+	helloSlots int64
+	helloRun   *semaphore.Weighted
 	// auths bounds the credential checks in flight (MaxPendingAuths).
 	auths *semaphore.Weighted
 
@@ -177,6 +182,7 @@ func New(cfg Config, deps Deps) (_ *Gateway, err error) {
 	m := newMetrics(deps.Registry)
 	g := &Gateway{
 		cfg: cfg, id: deps.ID, db: deps.DB, keeperDB: keeperDB, notifyURL: deps.NotifyURL, log: deps.Logger, clock: deps.Clock, m: m,
+		helloSlots:    helloSlotsFor(cfg.MaxPendingHellos, deps.DB.Config().MaxConns),
 		limiter:       rate.NewLimiter(rate.Limit(cfg.HelloRate), cfg.HelloBurst),
 		auths:         semaphore.NewWeighted(int64(cfg.MaxPendingAuths)),
 		checker:       grpchealth.NewStaticChecker(nodev1connect.NodeGatewayServiceName),
@@ -186,6 +192,11 @@ func New(cfg Config, deps Deps) (_ *Gateway, err error) {
 		dispatchWaker: newNodeWaker(), specWaker: newNodeWaker(), ingest: newIngester(),
 		tracer:           tracing.TracerProvider(deps.Tracer).Tracer(tracerName),
 		minDaemonVersion: buildinfo.Release(cfg.MinDaemonVersion),
+	}
+	g.helloRun = semaphore.NewWeighted(g.helloSlots)
+	if g.helloSlots < int64(cfg.MaxPendingHellos) {
+		g.log.Info("Hello transactions capped at half the connection pool", "max_pending_hellos", cfg.MaxPendingHellos,
+			"db_max_conns", deps.DB.Config().MaxConns, "hello_slots", g.helloSlots)
 	}
 	g.keeper, err = coord.NewKeeper(client, coord.KeeperConfig{
 		Name: name, TTL: cfg.LeaseTTL, Renew: cfg.LeaseRenew, Trust: cfg.LeaseTTL / 2,

@@ -57,7 +57,7 @@ func (g *Gateway) Connect(ctx context.Context, stream *connect.BidiStream[nodev1
 	if err := g.authenticate(ctx, stream, hello); err != nil {
 		return err
 	}
-	if err := g.admitHello(stream); err != nil {
+	if err := g.admitHello(ctx, stream); err != nil {
 		return err
 	}
 	// The Hello's database work runs detached from the stream, bounded, so

@@ -46,17 +46,30 @@ const discoveryVouchSQL = coord.FenceSiteBootSQL
 
 // helloReplaySQL takes the node's in-flight commands for replay: dispatched
 // or acknowledged without a result, plus pending ones the daemon names as
-// journalled.
+// journalled. It locks them in id order first, so two transactions that
+// both lock a node's commands in order cannot deadlock each other; a
+// deadlock with a group commit (which locks in its batch's order) aborts
+// one of them, and the group commit writes its batch again (ingest.go).
+// It waits for a row another transaction holds rather than skipping it: a
+// skipped command acknowledged but not replayed could wait for the node's
+// next Hello before its result is sent again.
 const helloReplaySQL = `
-UPDATE commands SET
-  state = CASE WHEN state = 'pending' THEN 'dispatched' ELSE state END,
-  dispatch_count = dispatch_count + 1,
+WITH replay AS (
+  SELECT id FROM commands
+   WHERE node_id = $1
+     AND (state IN ('dispatched', 'acknowledged') OR (state = 'pending' AND id = ANY($2::text[])))
+   ORDER BY id
+   FOR UPDATE
+)
+UPDATE commands c SET
+  state = CASE WHEN c.state = 'pending' THEN 'dispatched' ELSE c.state END,
+  dispatch_count = c.dispatch_count + 1,
   dispatched_at = compute_now(),
   dispatched_by = $3,
   dispatch_epoch = $4
- WHERE node_id = $1
-   AND (state IN ('dispatched', 'acknowledged') OR (state = 'pending' AND id = ANY($2::text[])))
-RETURNING id, kind, payload, deadline, dispatch_count, created_at`
+  FROM replay
+ WHERE c.id = replay.id
+RETURNING c.id, c.kind, c.payload, c.deadline, c.dispatch_count, c.created_at`
 
 // dispatchSQL takes pending commands of nodes whose session this gateway
 // holds at the given epochs: the route is the join on node_sessions at
