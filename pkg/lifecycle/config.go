@@ -50,6 +50,12 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.StringVar(&c.LogLevel, prefix+"log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&c.LogFormat, prefix+"log-format", "json", "log format: json or text")
 	f.DurationVar(&c.ShutdownTimeout, prefix+"shutdown-timeout", shutdown, "how long a graceful stop may take")
+}
+
+// RegisterPlaintextFlag registers --insecure-plaintext on f, under prefix:
+// only a program with listeners that carry credentials or commands
+// (Spec.Listeners) has it.
+func (c *Config) RegisterPlaintextFlag(prefix string, f *flag.FlagSet) {
 	f.BoolVar(&c.InsecurePlaintext, prefix+InsecurePlaintextFlag, false, "let listeners that carry credentials or commands serve without TLS on addresses other than loopback (behind a TLS-terminating proxy only)")
 }
 

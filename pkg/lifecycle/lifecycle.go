@@ -91,6 +91,9 @@ func Run(ctx context.Context, spec Spec, args []string, stderr *os.File) int {
 	fs := flag.NewFlagSet(spec.Name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfg.RegisterFlags("", fs)
+	if spec.Listeners != nil {
+		cfg.RegisterPlaintextFlag("", fs)
+	}
 	showVersion := RegisterVersionFlag(fs)
 	if spec.Flags != nil {
 		spec.Flags(fs)

@@ -97,4 +97,7 @@ func TestRunWithoutDatabase(t *testing.T) {
 	for _, flag := range []string{"--database-url", "--migrate", "--id", "--clock.rate"} {
 		require.Equal(t, 2, lifecycle.Run(context.Background(), spec, []string{flag, "x"}, logs), flag)
 	}
+	// Nor does --insecure-plaintext: the program has no listener it would
+	// concern (Spec.Listeners).
+	require.Equal(t, 2, lifecycle.Run(context.Background(), spec, []string{"--insecure-plaintext"}, logs))
 }
