@@ -309,7 +309,10 @@ func inner(t *testing.T, ns []string) {
 	// A gateway lease of 8 s, not FastGateway's 2 s: TCG saturates a core.
 	fleettest.StartGateway(t, db.URL, "gw_vm", append(append([]string{}, fleettest.FastGateway...),
 		"--gateway.spec-poll", "200ms", "--gateway.lease-ttl", "8s", "--gateway.lease-renew", "2s",
-		"--gateway.session-lease", "12s", "--listen-addr", gwListen)...)
+		"--gateway.session-lease", "12s", "--listen-addr", gwListen,
+		// The bridge address is not loopback, but the network is the
+		// namespaces this test made: plaintext is allowed on purpose.
+		"--insecure-plaintext")...)
 	fleettest.StartService(t, "worker", db.URL, "w_vm", append(append([]string{}, fleettest.FastCoord...),
 		"--sites.boot-lease-ttl", "3s", "--sites.promote-after", "3s", "--sites.renew-interval", "500ms",
 		"--sites.scan-interval", "500ms")...)
