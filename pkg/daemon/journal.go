@@ -12,7 +12,9 @@ import (
 	"sort"
 	"sync"
 	"syscall"
+	"time"
 
+	"github.com/jonboulle/clockwork"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
@@ -643,18 +645,35 @@ func (j *FileJournal) Close() error {
 	return nil
 }
 
-// lockFile opens path and takes an exclusive, non-blocking flock on it.
+// lockWait is how long lockFile tries again for a lock that is held. A
+// lock is held for a moment after its holder let go when a process forked
+// meanwhile (the child shares the open file until it execs), or when the
+// previous agent is still exiting as its successor starts; another live
+// agent holds it for good and is refused after the wait.
+const lockWait = 500 * time.Millisecond
+
+// lockFile opens path and takes an exclusive, non-blocking flock on it,
+// trying again for up to lockWait while it is held.
 func lockFile(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open the journal's lock: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		_ = f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
+	clk := clockwork.NewRealClock() // the journal takes no clock: the wait is real time by nature
+	deadline := clk.Now().Add(lockWait)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return f, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			_ = f.Close()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		if clk.Now().After(deadline) {
+			_ = f.Close()
 			return nil, fmt.Errorf("%s: %w", path, ErrJournalLocked)
 		}
-		return nil, fmt.Errorf("lock %s: %w", path, err)
+		clk.Sleep(10 * time.Millisecond) // polling: flock has no timed wait
 	}
-	return f, nil
 }

@@ -3,7 +3,9 @@ package daemon
 import (
 	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 )
 
@@ -27,4 +29,24 @@ func TestFileJournalRefusesASecondOpener(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = again.Close() })
 	require.Equal(t, []string{"c1"}, again.InFlight())
+}
+
+// TestFileJournalWaitsForALockAboutToBeReleased: a lock its holder lets go
+// of within lockWait (a previous agent still exiting, or a forked child
+// that shares the lock's file until it execs) is taken once released,
+// instead of refusing the open.
+func TestFileJournalWaitsForALockAboutToBeReleased(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "journal")
+	j, err := OpenFileJournal(path)
+	require.NoError(t, err)
+	go func() {
+		// The holder lets go a moment after the second open began to wait
+		// (well inside lockWait).
+		clockwork.NewRealClock().Sleep(50 * time.Millisecond)
+		_ = j.Close()
+	}()
+	again, err := OpenFileJournal(path)
+	require.NoError(t, err, "the open waits for the lock instead of refusing it")
+	require.NoError(t, again.Close())
 }
