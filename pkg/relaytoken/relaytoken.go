@@ -8,7 +8,6 @@ package relaytoken
 import (
 	"crypto/subtle"
 	"fmt"
-	"os"
 	"strings"
 	"sync/atomic"
 
@@ -18,16 +17,8 @@ import (
 // MinLength is the shortest token accepted.
 const MinLength = 16
 
-// Read returns the token held in path. Its errors name flag, the flag the
-// path came from, so an operator sees which setting to fix.
-func Read(flag, path string) (string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("%s: %w", flag, err)
-	}
-	return parse(flag, path, b)
-}
-
+// parse is the token of a file's content b, read from path (flag names
+// the setting it came from, for errors).
 func parse(flag, path string, b []byte) (string, error) {
 	tok := strings.TrimSpace(string(b))
 	if len(tok) < MinLength {

@@ -5,9 +5,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/leasehold/leasehold/pkg/reload"
 )
 
-func TestRead(t *testing.T) {
+func TestWatchReadsTheFile(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, content string) string {
 		p := filepath.Join(dir, name)
@@ -16,18 +18,25 @@ func TestRead(t *testing.T) {
 		}
 		return p
 	}
-
-	tok, err := Read("--x.token-file", write("ok", "  0123456789abcdef\n"))
-	if err != nil || tok != "0123456789abcdef" {
-		t.Fatalf("Read = %q, %v; want the trimmed token", tok, err)
+	read := func(path string) (string, error) {
+		tok, err := Watch("test-"+filepath.Base(path), "--x.token-file", path, reload.Options{})
+		if err != nil {
+			return "", err
+		}
+		return tok.Value(), nil
 	}
 
-	_, err = Read("--x.token-file", write("short", "0123456789abcde\n"))
+	tok, err := read(write("ok", "  0123456789abcdef\n"))
+	if err != nil || tok != "0123456789abcdef" {
+		t.Fatalf("Watch = %q, %v; want the trimmed token", tok, err)
+	}
+
+	_, err = read(write("short", "0123456789abcde\n"))
 	if err == nil || !strings.Contains(err.Error(), "--x.token-file") || !strings.Contains(err.Error(), "at least 16") {
 		t.Fatalf("a 15-character token: err = %v; want a refusal naming the flag and the minimum", err)
 	}
 
-	_, err = Read("--x.token-file", filepath.Join(dir, "missing"))
+	_, err = read(filepath.Join(dir, "missing"))
 	if err == nil || !strings.HasPrefix(err.Error(), "--x.token-file: ") {
 		t.Fatalf("a missing file: err = %v; want an error naming the flag", err)
 	}
