@@ -24,10 +24,19 @@ const (
 // DefaultNodeID is the id a machine asks for when none is given: the id it
 // joined as (the state directory's node-id file), else its short hostname
 // when that is a valid node id other than "localhost", else its machine id
-// (/etc/machine-id). Operators type node ids, so the hostname comes before
+// (/etc/machine-id, else /var/lib/dbus/machine-id). Operators type node ids, so the hostname comes before
 // the machine id; a hostname shared by several machines (a fresh image's
 // "localhost") would make them one node, so it is skipped.
 func DefaultNodeID(stateDir string) (string, error) {
+	return defaultNodeID(stateDir, os.Hostname, machineIDFiles)
+}
+
+// machineIDFiles are where DefaultNodeID reads the machine id, in order.
+var machineIDFiles = []string{"/etc/machine-id", "/var/lib/dbus/machine-id"}
+
+// defaultNodeID is DefaultNodeID with the hostname and the machine-id files
+// given, so tests can choose what the machine looks like.
+func defaultNodeID(stateDir string, hostname func() (string, error), machineIDPaths []string) (string, error) {
 	if b, err := os.ReadFile(filepath.Join(stateDir, nodeIDFileName)); err == nil {
 		id := strings.TrimSpace(string(b))
 		if err := nodeauth.ValidateNodeID(id); err != nil {
@@ -37,13 +46,13 @@ func DefaultNodeID(stateDir string) (string, error) {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return "", fmt.Errorf("read the node id: %w", err)
 	}
-	if h, err := os.Hostname(); err == nil {
+	if h, err := hostname(); err == nil {
 		h, _, _ = strings.Cut(h, ".")
 		if h != "" && h != "localhost" && nodeauth.ValidateNodeID(h) == nil {
 			return h, nil
 		}
 	}
-	for _, p := range []string{"/etc/machine-id", "/var/lib/dbus/machine-id"} {
+	for _, p := range machineIDPaths {
 		if b, err := os.ReadFile(p); err == nil {
 			if id := strings.TrimSpace(string(b)); nodeauth.ValidateNodeID(id) == nil {
 				return id, nil
