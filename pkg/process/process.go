@@ -46,7 +46,9 @@ type Spec struct {
 	IDPrefix string
 	// GenericPlans plans the pool's cached statements once per connection
 	// (pgdb.Config.GenericPlans): for services whose hot statements take
-	// arrays as parameters.
+	// arrays as parameters. The process then also keeps the planner
+	// statistics of fast-growing tables fresh (pgdb.RefreshPlanStats), so a
+	// plan made on a near-empty table does not outlive it.
 	GenericPlans bool
 	// ShutdownTimeout is the default of --shutdown-timeout (90 s when zero).
 	ShutdownTimeout time.Duration
@@ -98,7 +100,11 @@ func Run(ctx context.Context, spec Spec, args []string, stderr *os.File) int {
 			return p.close, nil
 		},
 		Build: func(ctx context.Context, _ *lifecycle.Process) ([]services.Service, error) {
-			return spec.Build(ctx, p)
+			svcs, err := spec.Build(ctx, p)
+			if err == nil && spec.GenericPlans {
+				svcs = append(svcs, newPlanStats(p))
+			}
+			return svcs, err
 		},
 	}, args, stderr)
 }
