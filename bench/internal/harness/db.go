@@ -171,13 +171,6 @@ func (d *Database) WALBytes(ctx context.Context) (int64, error) {
 	return n, err
 }
 
-// Analyze refreshes the database's planner statistics (ANALYZE), which also
-// makes every session re-plan its cached statements on their next use.
-func (d *Database) Analyze(ctx context.Context) error {
-	_, err := d.Pool.Exec(ctx, "ANALYZE")
-	return err
-}
-
 // ResetStatements resets pg_stat_statements.
 func (d *Database) ResetStatements(ctx context.Context) error {
 	_, err := d.Pool.Exec(ctx, "SELECT pg_stat_statements_reset()")
