@@ -142,7 +142,7 @@ func (d *Daemon) connectTarget(ctx context.Context, ot *nodev1.OpenTunnel) (tunn
 	switch t := ot.GetTarget().(type) {
 	case *nodev1.OpenTunnel_Port:
 		if t.Port < 1 || t.Port > 65535 || !slices.Contains(d.cfg.TunnelPorts, t.Port) {
-			return nil, connect.CodePermissionDenied, fmt.Errorf("port %d is not in node %s's tunnel allowlist (daemon TunnelPorts)", t.Port, d.cfg.NodeID)
+			return nil, connect.CodePermissionDenied, fmt.Errorf("port %d is not in node %s's tunnel allowlist (leasehold-node --tunnel.ports, daemon Config.TunnelPorts)", t.Port, d.cfg.NodeID)
 		}
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(t.Port)))
 		c, err := (&net.Dialer{Timeout: tunnelDialTimeout}).DialContext(ctx, "tcp", addr)
@@ -152,7 +152,7 @@ func (d *Daemon) connectTarget(ctx context.Context, ot *nodev1.OpenTunnel) (tunn
 		return c.(*net.TCPConn), 0, nil
 	case *nodev1.OpenTunnel_Shell:
 		if len(d.cfg.TunnelShell) == 0 {
-			return nil, connect.CodePermissionDenied, fmt.Errorf("shell tunnels are disabled on node %s (daemon TunnelShell)", d.cfg.NodeID)
+			return nil, connect.CodePermissionDenied, fmt.Errorf("shell tunnels are disabled on node %s (leasehold-node --tunnel.shell, daemon Config.TunnelShell)", d.cfg.NodeID)
 		}
 		spec := shellSpec{argv: d.cfg.TunnelShell, size: ot.GetTerminalSize(), term: shellTerm(ot.GetTerm())}
 		if sz := spec.size; sz != nil && !validTerminalSize(sz) {
@@ -161,7 +161,7 @@ func (d *Daemon) connectTarget(ctx context.Context, ot *nodev1.OpenTunnel) (tunn
 		if d.cfg.TunnelShellUser != "" {
 			u, err := lookupShellUser(d.cfg.TunnelShellUser)
 			if err != nil {
-				return nil, connect.CodeFailedPrecondition, fmt.Errorf("node %s cannot run its shell as %q (daemon TunnelShellUser): %w", d.cfg.NodeID, d.cfg.TunnelShellUser, err)
+				return nil, connect.CodeFailedPrecondition, fmt.Errorf("node %s cannot run its shell as %q (leasehold-node --tunnel.shell-user, daemon Config.TunnelShellUser): %w", d.cfg.NodeID, d.cfg.TunnelShellUser, err)
 			}
 			spec.user = u
 		}

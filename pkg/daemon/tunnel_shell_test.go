@@ -322,7 +322,7 @@ func TestTunnelShellUser(t *testing.T) {
 	runDaemon(t, Config{Address: addr, TunnelShell: []string{"/bin/sh"}, TunnelShellUser: "lh-no-such-user"})
 	c := awaitConvs(t, convs, 1)["missing"]
 	require.Equal(t, uint32(connect.CodeFailedPrecondition), c.attach.GetErrorCode())
-	require.Contains(t, c.attach.GetErrorMessage(), `node n1 cannot run its shell as "lh-no-such-user" (daemon TunnelShellUser)`)
+	require.Contains(t, c.attach.GetErrorMessage(), `node n1 cannot run its shell as "lh-no-such-user" (leasehold-node --tunnel.shell-user, daemon Config.TunnelShellUser)`)
 
 	addr, convs = shellFake(t, shellOpen("rows0", &nodev1.TerminalSize{Rows: 0, Cols: 80}, ""),
 		shellOpen("cols", &nodev1.TerminalSize{Rows: 24, Cols: 10001}, ""))

@@ -59,7 +59,7 @@ func defaultNodeID(stateDir string, hostname func() (string, error), machineIDPa
 			}
 		}
 	}
-	return "", errors.New("no node id: give --node-id (the hostname is not usable and there is no /etc/machine-id)")
+	return "", fmt.Errorf("no node id: give --node-id (the hostname is not usable and no machine-id file holds a usable id: %s)", strings.Join(machineIDPaths, ", "))
 }
 
 // ReadCredential reads the credential file at path. It refuses a file that
