@@ -1,5 +1,5 @@
 -- +goose Up
--- The fence locks the lease row FOR KEY SHARE instead of FOR SHARE (issue 15).
+-- The fence locks the lease row FOR KEY SHARE instead of FOR SHARE.
 -- FOR KEY SHARE conflicts only with an UPDATE that changes a key column (a
 -- column of a unique index). This index makes epoch such a column, and every
 -- change of owner raises the epoch: so a takeover (and a fresh take) still

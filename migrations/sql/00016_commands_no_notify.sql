@@ -1,5 +1,5 @@
 -- +goose Up
--- No NOTIFY per command insert (issue 15). The trigger of 00008 made every
+-- No NOTIFY per command insert (docs/decisions.md, "Throughput"). The trigger of 00008 made every
 -- inserting commit take PostgreSQL's global notify lock, which serialised
 -- them. The process that creates commands now wakes the gateways itself,
 -- after its commit, with coalesced notifications (pkg/cmdwake: at most one

@@ -1,6 +1,6 @@
 -- +goose Up
--- Live command output and cancellation that reaches the node (issue 19,
--- docs/gateway.md "Live output" and "Cancellation").
+-- Live command output and cancellation that reaches the node
+-- (docs/gateway.md "Live output" and "Cancellation").
 --
 -- command_output holds the pieces of a command's stdout and stderr as the
 -- node wrote them, keyed by the byte offset the daemon gave each piece (a

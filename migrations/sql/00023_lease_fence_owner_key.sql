@@ -1,5 +1,5 @@
 -- +goose Up
--- The fence locks the lease row FOR KEY SHARE (issue 15), which conflicts
+-- The fence locks the lease row FOR KEY SHARE, which conflicts
 -- only with an UPDATE that changes a key column (a column of a unique,
 -- non-partial index without expressions). Migration 00015 made epoch one,
 -- so a takeover waits for every open fenced transaction. This index makes

@@ -1,5 +1,5 @@
 -- +goose Up
--- The address each gateway relays tunnels on (issue 19, docs/gateway.md
+-- The address each gateway relays tunnels on (docs/gateway.md
 -- "Tunnels"): the api reaches the gateway that holds a node's session here.
 -- A gateway writes its row at start, fenced on its gateway:<id> lease, with
 -- the lease epoch; readers trust a row only while that lease is live, so a

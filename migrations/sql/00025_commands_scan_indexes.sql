@@ -1,7 +1,7 @@
 -- +goose NO TRANSACTION
 -- +goose Up
 -- The periodic readers of commands cost what they return, not the size of
--- the table (issue 15, docs/decisions.md "Throughput"). Before these, the
+-- the table (docs/decisions.md "Throughput"). Before these, the
 -- metrics:command-latency collector and the sweeper each scanned every row
 -- on every pass: 30-130 ms a pass at 60,000 rows, growing with retained
 -- history and with any backlog, on the same two cores as dispatch.
