@@ -19,7 +19,7 @@ import (
 // which under load is long enough for the statement to take seconds and
 // the backlog to grow faster than it drains. Measured on the throughput
 // bench: 50 completed commands/s instead of 3,000 (docs/decisions.md,
-// "Generic plans on a table that grows from empty").
+// "Generic plans made on a tiny table").
 //
 // RefreshPlanStats closes that window: one pass analyzes every table of the
 // current schema whose live rows exceed both minRows and growth times what
