@@ -6,20 +6,25 @@
 // set to an exporter other than "none", or an OTLP endpoint
 // (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT).
 // OTEL_SDK_DISABLED=true turns it off whatever else is set. Off, every
-// tracer is a no-op and nothing is exported. On, the exporter is chosen by
-// go.opentelemetry.io/contrib/exporters/autoexport (otlp by default,
-// console, none), sampling by OTEL_TRACES_SAMPLER (parent-based always-on by
-// default) and batching by OTEL_BSP_*; the resource's service.name is
-// "leasehold-<service>" unless OTEL_SERVICE_NAME says otherwise.
+// tracer is a no-op and nothing is exported. On, OTEL_TRACES_EXPORTER
+// chooses the exporter: otlp (the default), console (spans as JSON on
+// stdout) or none. OTLP goes over OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else
+// OTEL_EXPORTER_OTLP_PROTOCOL: http/protobuf (the default) or grpc. Any
+// other value of these variables makes Setup fail with an error naming the
+// variable. The exporters read the rest of OTEL_EXPORTER_OTLP_* themselves
+// (endpoint, headers, TLS, compression, timeout). Only the trace exporters
+// are linked: not contrib/exporters/autoexport, which brings the log and
+// metric exporters along (docs/decisions.md). Sampling follows
+// OTEL_TRACES_SAMPLER (parent-based always-on by default) and batching
+// OTEL_BSP_*; the resource's service.name is "leasehold-<service>" unless
+// OTEL_SERVICE_NAME says otherwise.
 package tracing
 
 import (
 	"context"
 	"fmt"
 	"os"
-	"strings"
 
-	"go.opentelemetry.io/contrib/exporters/autoexport"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
@@ -32,13 +37,13 @@ import (
 // Enabled reports whether the environment turns tracing on (see the package
 // documentation).
 func Enabled() bool {
-	if strings.EqualFold(strings.TrimSpace(os.Getenv("OTEL_SDK_DISABLED")), "true") {
+	if envValue(envSDKDisabled) == "true" {
 		return false
 	}
-	if v := strings.TrimSpace(os.Getenv("OTEL_TRACES_EXPORTER")); v != "" {
-		return v != "none"
+	if v := envValue(envTracesExporter); v != "" {
+		return v != exporterNone
 	}
-	return os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
+	return os.Getenv(envOTLPEndpoint) != "" || os.Getenv(envOTLPTracesEndpoint) != ""
 }
 
 // Provider is a process's tracer provider and how to stop it.
@@ -66,9 +71,9 @@ func Setup(ctx context.Context, service, instanceID string) (*Provider, error) {
 	if !Enabled() {
 		return &Provider{TracerProvider: noop.NewTracerProvider()}, nil
 	}
-	exp, err := autoexport.NewSpanExporter(ctx)
+	exp, err := newSpanExporter(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("tracing: span exporter from OTEL_* environment: %w", err)
+		return nil, fmt.Errorf("tracing: span exporter from the OTEL_* environment: %w", err)
 	}
 	// Later options win: OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
 	// override the defaults.
