@@ -6,6 +6,22 @@
 //  2. a Docker engine, through ory/dockertest, when one answers,
 //  3. a throwaway cluster from the local initdb/pg_ctl on a free loopback port.
 //
+// Branch 2 (docker.go) is tried before the local binaries whenever an
+// engine answers, but no CI run exercises it: CI has no Docker engine, so it
+// always gets branch 3 (or 1). Exercise it by hand on a machine whose engine
+// answers (`docker info` shows a server; DOCKER_HOST or /var/run/docker.sock),
+// with LEASEHOLD_TEST_DATABASE_URL unset:
+//
+//	cd pkg && go test -count=1 -v ./pgtest/ ./coord/
+//
+// and, while it runs, `docker ps --filter ancestor=postgres:16` lists the
+// container (purged when the test binary exits). Passing tests alone do not
+// prove the branch ran: a container that fails to start prints "pgtest:
+// docker: ...; using local binaries" and the tests go on with branch 3. On
+// that server, as on an external one, the tests of database faults skip
+// (Server(t).Restart and Stop: only a cluster this binary started can be
+// restarted).
+//
 // A test package that uses pgtest calls Main from its TestMain so the server
 // it started is stopped when the binary exits.
 //
