@@ -196,11 +196,12 @@ func TestCLI(t *testing.T) {
 		golden(t, "nodes-ls-json", normalize(r.stdout))
 		r = e.run(t, "nodes", "ls", "-o", "yaml")
 		requireCode(t, r, 0)
-		requireContains(t, r.stdout, "nodes:\n  - id: node-0\n")
+		golden(t, "nodes-ls-yaml", normalize(r.stdout))
 		// -o wide adds where each session lives: the gateway, its epoch, the
 		// daemon's version and when the node was created (no pool here: "-").
 		r = e.run(t, "nodes", "ls", "-o", "wide")
 		requireCode(t, r, 0)
+		golden(t, "nodes-ls-wide", normalizeTable(r.stdout))
 		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 		if len(lines) != 4 || !regexp.MustCompile(`^NODE +STATE +CORDONED +LABELS +LAST SEEN +POOL +GATEWAY +EPOCH +VERSION +CREATED$`).MatchString(lines[0]) {
 			t.Fatalf("nodes ls -o wide header or row count:\n%s", r.stdout)
@@ -219,6 +220,15 @@ func TestCLI(t *testing.T) {
 		if strings.Count(r.stdout, "\n") != 1 {
 			t.Fatalf("!role matched nodes:\n%s", r.stdout)
 		}
+		r = e.run(t, "nodes", "get", "node-1")
+		requireCode(t, r, 0)
+		golden(t, "nodes-get", normalizeTable(r.stdout))
+		r = e.run(t, "nodes", "get", "node-1", "-o", "wide")
+		requireCode(t, r, 0)
+		golden(t, "nodes-get-wide", normalizeTable(r.stdout))
+		r = e.run(t, "nodes", "get", "node-1", "-o", "yaml")
+		requireCode(t, r, 0)
+		golden(t, "nodes-get-yaml", normalize(r.stdout))
 	})
 
 	t.Run("workers gateways leases golden", func(t *testing.T) {
@@ -238,6 +248,10 @@ func TestCLI(t *testing.T) {
 		r = e.run(t, "leases", "--prefix", "gateway:")
 		requireCode(t, r, 0)
 		requireContains(t, r.stdout, "gateway:gw_cli")
+		golden(t, "leases", normalizeTable(r.stdout))
+		r = e.run(t, "leases", "--prefix", "gateway:", "-o", "wide")
+		requireCode(t, r, 0)
+		golden(t, "leases-wide", normalizeTable(r.stdout))
 	})
 
 	t.Run("join tokens", func(t *testing.T) {
@@ -341,7 +355,7 @@ func TestCLI(t *testing.T) {
 			}
 		}
 		requireContains(t, r.stderr, "node-0: first\n")
-		sum := normalizeTable(uuidRE.ReplaceAllString(r.stderr, "<uuid>"))
+		sum := normalizeTable(r.stderr)
 		requireContains(t, sum, "node-0   failed: exit code 3   <uuid>")
 		requireContains(t, sum, "node-1   succeeded   <uuid>")
 		requireContains(t, sum, "3 node(s): 2 succeeded, 1 failed\nrun <uuid> failed")
@@ -381,7 +395,7 @@ func TestCLI(t *testing.T) {
 		if r.stdout != "node-0: hello\n" {
 			t.Fatalf("stdout:\n%s", r.stdout)
 		}
-		sum := normalizeTable(uuidRE.ReplaceAllString(r.stderr, "<uuid>"))
+		sum := normalizeTable(r.stderr)
 		requireContains(t, sum, "node-0   failed: exit code 3   <uuid>")
 		requireContains(t, sum, "node-1   not_started   -")
 		requireContains(t, sum, "node-2   not_started   -")
@@ -410,28 +424,62 @@ func TestCLI(t *testing.T) {
 		requireContains(t, r.stderr, "2 node(s): 2 succeeded\n")
 		id := listRuns(t, ctx, s)[0].GetId()
 
-		norm := func(s string) string { return uuidRE.ReplaceAllString(s, "<uuid>") }
 		r = e.run(t, "runs", "ls")
 		requireCode(t, r, 0)
-		golden(t, "runs-ls", normalizeTable(norm(r.stdout)))
+		golden(t, "runs-ls", normalizeTable(r.stdout))
 		r = e.run(t, "runs", "ls", "--state", "succeeded", "-o", "json")
 		requireCode(t, r, 0)
-		golden(t, "runs-ls-json", normalize(norm(r.stdout)))
+		golden(t, "runs-ls-json", normalize(r.stdout))
 		r = e.run(t, "runs", "get", id)
 		requireCode(t, r, 0)
-		golden(t, "runs-get", normalizeTable(norm(r.stdout)))
+		golden(t, "runs-get", normalizeTable(r.stdout))
+		r = e.run(t, "runs", "get", id, "-o", "wide")
+		requireCode(t, r, 0)
+		golden(t, "runs-get-wide", normalizeTable(r.stdout))
 		r = e.run(t, "runs", "get", id, "-o", "json")
 		requireCode(t, r, 0)
-		golden(t, "runs-get-json", normalize(norm(r.stdout)))
+		golden(t, "runs-get-json", normalize(r.stdout))
+		r = e.run(t, "runs", "get", id, "-o", "yaml")
+		requireCode(t, r, 0)
+		golden(t, "runs-get-yaml", normalize(r.stdout))
 		r = e.run(t, "runs", "wait", id)
 		requireCode(t, r, 0)
 		requireContains(t, r.stdout, "run "+id+": succeeded (2 node(s): 2 succeeded)")
+		golden(t, "runs-wait", normalize(r.stdout))
+		// The run a failure budget of 0 stopped: exit 1, and the line gives
+		// the run's reason.
+		failed := listRuns(t, ctx, s)[1].GetId()
+		r = e.run(t, "runs", "wait", failed)
+		requireCode(t, r, 1)
+		golden(t, "runs-wait-failed", normalize(r.stdout))
 		r = e.run(t, "runs", "ls", "--state", "sleepy")
 		requireCode(t, r, 2)
 		requireContains(t, r.stderr, "--state")
 		r = e.run(t, "runs", "get", "00000000-0000-0000-0000-000000000000")
 		requireCode(t, r, 1)
 		requireContains(t, r.stderr, "leasehold: not_found: ")
+	})
+
+	t.Run("nodes describe, commands ls and get", func(t *testing.T) {
+		// node-0's commands so far: one from each of the three runs above.
+		r := e.run(t, "nodes", "describe", "node-0")
+		requireCode(t, r, 0)
+		golden(t, "nodes-describe", normalizeTable(r.stdout))
+		r = e.run(t, "commands", "ls", "--node", "node-0")
+		requireCode(t, r, 0)
+		golden(t, "commands-ls", normalizeTable(r.stdout))
+		r = e.run(t, "commands", "ls", "--node", "node-0", "-o", "wide")
+		requireCode(t, r, 0)
+		golden(t, "commands-ls-wide", normalizeTable(r.stdout))
+		last := getRun(t, ctx, s, listRuns(t, ctx, s)[0].GetId())
+		r = e.run(t, "commands", "get", last.GetNodes()[0].GetCommandId())
+		requireCode(t, r, 0)
+		golden(t, "commands-get", normalizeTable(r.stdout))
+		// A failed one (node-1's exit 4): its exit code.
+		failed := getRun(t, ctx, s, listRuns(t, ctx, s)[3].GetId())
+		r = e.run(t, "commands", "get", failed.GetNodes()[0].GetCommandId())
+		requireCode(t, r, 0)
+		golden(t, "commands-get-failed", normalizeTable(r.stdout))
 	})
 
 	t.Run("logs -f follows live output", func(t *testing.T) {
@@ -477,7 +525,7 @@ func TestCLI(t *testing.T) {
 		if code := b.wait(t, 30*time.Second); code != 130 {
 			t.Fatalf("exit %d, want 130: %s", code, b.stderr)
 		}
-		stderr := normalizeTable(uuidRE.ReplaceAllString(b.stderr.String(), "<uuid>"))
+		stderr := normalizeTable(b.stderr.String())
 		requireContains(t, stderr, "leasehold: interrupted: cancelling run <uuid> (Ctrl-C again to exit at once)\n")
 		requireContains(t, stderr, "node-0   cancelled")
 		requireContains(t, stderr, "leasehold: interrupted: run <uuid> cancelled\n")
@@ -535,6 +583,12 @@ func TestCLI(t *testing.T) {
 		r = e.run(t, "audit", "--limit", "3", "--method", "UncordonNode")
 		requireCode(t, r, 0)
 		requireContains(t, r.stdout, "node/node-1")
+		r = e.run(t, "audit", "--limit", "5")
+		requireCode(t, r, 0)
+		golden(t, "audit", normalizeTable(r.stdout))
+		r = e.run(t, "audit", "--limit", "5", "-o", "wide")
+		requireCode(t, r, 0)
+		golden(t, "audit-wide", normalizeTable(r.stdout))
 	})
 
 	t.Run("port-forward carries HTTP", func(t *testing.T) {
@@ -742,9 +796,6 @@ func linesOf(out, node string) string {
 	}
 	return b.String()
 }
-
-// uuidRE matches the ids of runs and commands.
-var uuidRE = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
 
 // listRuns is the newest runs, through the api.
 func listRuns(t *testing.T, ctx context.Context, s *stack) []*controlv1.Run {

@@ -274,12 +274,22 @@ var normalizers = []struct {
 	with string
 }{
 	{regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`), "<time>"},
+	{uuidRE, "<uuid>"},
 	{regexp.MustCompile(`"(sessionEpoch|epoch|leaseEpoch)": "\d+"`), `"$1": "<n>"`},
+	{regexp.MustCompile(`\b(sessionEpoch|epoch|leaseEpoch): "\d+"`), `$1: "<n>"`},
+	{regexp.MustCompile(`(?m)^(Session epoch: +)\d+$`), "${1}<n>"},
 	{regexp.MustCompile(`"clockSkew": "[-0-9.]+s"`), `"clockSkew": "<dur>"`},
 	{regexp.MustCompile(`\b[0-9a-f]{16}\b`), "<id>"},
+	// An audit event's id: the number a table row starts with.
+	{regexp.MustCompile(`(?m)^\d+( {3,})`), "<n>$1"},
 	{regexp.MustCompile(`\bin \d+[smhd]\b`), "in <age>"},
-	{regexp.MustCompile(`(^|\s)\d+[smhd](\s|$)`), "$1<age>$2"},
+	// An age in a table cell (after the padding) or in parentheses; not a
+	// duration of YAML, "key: 3600s".
+	{regexp.MustCompile(`(?m)(^|\s{2,}|\()\d+[smhd](\s|\)|$)`), "$1<age>$2"},
 }
+
+// uuidRE matches the ids of runs and commands.
+var uuidRE = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
 
 func normalize(s string) string {
 	for _, n := range normalizers {
@@ -288,11 +298,50 @@ func normalize(s string) string {
 	return s
 }
 
-// normalizeTable also collapses the padding between columns, which moves
-// with the width of what was normalized.
+// normalizeTable also replaces the numbers of the epoch columns (a column
+// whose header ends in EPOCH) and collapses the padding between columns,
+// which moves with the width of what was normalized.
 func normalizeTable(s string) string {
-	s = normalize(s)
+	s = normalize(epochColumns(s))
 	return regexp.MustCompile(` {2,}`).ReplaceAllString(s, "   ")
+}
+
+var (
+	// tableHeaderRE matches a table's header line: upper-case cells, apart
+	// by at least two spaces.
+	tableHeaderRE = regexp.MustCompile(`^ *[A-Z]+( [A-Z]+)*( {2,}[A-Z]+( [A-Z]+)*)+$`)
+	headerCellRE  = regexp.MustCompile(`[A-Z]+( [A-Z]+)*`)
+	leadingNumRE  = regexp.MustCompile(`^\d+`)
+)
+
+// epochColumns replaces with <n> the number that starts each cell of an
+// epoch column, from its header down to the table's end (an empty line).
+// It reads the cells at their header's offset, so it runs on the aligned
+// output, before anything changed its widths.
+func epochColumns(s string) string {
+	lines := strings.Split(s, "\n")
+	var cols []int
+	for i, l := range lines {
+		if tableHeaderRE.MatchString(l) {
+			cols = nil
+			for _, m := range headerCellRE.FindAllStringIndex(l, -1) {
+				if strings.HasSuffix(l[m[0]:m[1]], "EPOCH") {
+					cols = append(cols, m[0])
+				}
+			}
+			continue
+		}
+		if l == "" {
+			cols = nil
+		}
+		for j := len(cols) - 1; j >= 0; j-- {
+			if c := cols[j]; c < len(l) {
+				lines[i] = l[:c] + leadingNumRE.ReplaceAllString(l[c:], "<n>")
+				l = lines[i]
+			}
+		}
+	}
+	return strings.Join(lines, "\n")
 }
 
 func golden(t *testing.T, name, got string) {
