@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -173,43 +174,67 @@ func TestClientCARotation(t *testing.T) {
 	require.NoError(t, err, "a bad CA file keeps the CA in force")
 }
 
+// TestRunPicksUpChanges is about logic, on an injected clock: Run re-reads
+// the files at each tick of its interval, loads what changed, and keeps
+// what was loaded when a version fails to load.
 func TestRunPicksUpChanges(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "tokens")
 	require.NoError(t, os.WriteFile(path, []byte("one"), 0o600))
-	var mu sync.Mutex
-	var got []string
+	clock := clockwork.NewFakeClock()
+	type load struct {
+		contents string
+		at       time.Time
+	}
+	loads := make(chan load, 8)
 	w, err := reload.NewWatcher("test", []string{path}, func(c [][]byte) error {
+		loads <- load{string(c[0]), clock.Now()}
 		if string(c[0]) == "bad" {
 			return errors.New("bad contents")
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		got = append(got, string(c[0]))
 		return nil
-	}, reload.Options{})
+	}, reload.Options{Clock: clock})
 	require.NoError(t, err)
+	require.Equal(t, "one", (<-loads).contents, "NewWatcher loads once")
+
+	const every = 30 * time.Second
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); w.Run(ctx, 10*time.Millisecond) }()
+	go func() { defer close(done); w.Run(ctx, every) }()
 	t.Cleanup(func() { cancel(); <-done })
+	bctx, bcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer bcancel()
+	require.NoError(t, clock.BlockUntilContext(bctx, 1), "Run's ticker")
+	start := clock.Now()
 
-	seen := func(want ...string) func() bool {
-		return func() bool {
-			mu.Lock()
-			defer mu.Unlock()
-			return len(got) == len(want) && (len(want) == 0 || got[len(got)-1] == want[len(want)-1])
+	next := func(what string) load {
+		t.Helper()
+		select {
+		case l := <-loads:
+			return l
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no load of %s", what)
+			panic("unreachable")
 		}
 	}
-	// Replace the file whole, as a Secret or cert-manager does: a plain
-	// WriteFile truncates first, and a 10 ms watcher may read it empty.
+	// Replace the file whole, as a Secret or cert-manager does.
 	replace := func(contents string) {
 		tmp := path + ".tmp"
 		require.NoError(t, os.WriteFile(tmp, []byte(contents), 0o600))
 		require.NoError(t, os.Rename(tmp, path))
 	}
+
+	// A change waits for the next tick: a millisecond short of the interval
+	// nothing is read; at the interval the new contents are tried.
 	replace("bad")
+	clock.Advance(every - time.Millisecond)
+	clock.Advance(time.Millisecond)
+	require.Equal(t, load{"bad", start.Add(every)}, next("bad"), "read at the first tick, not before")
+
+	// The next version loads at the tick after it was written.
 	replace("two")
-	require.Eventually(t, seen("one", "two"), 10*time.Second, 5*time.Millisecond)
+	clock.Advance(every)
+	require.Equal(t, load{"two", start.Add(2 * every)}, next("two"))
+	require.Empty(t, loads, "each version was tried once")
 
 	_, err = reload.NewWatcher("missing", []string{filepath.Join(t.TempDir(), "nope")}, func([][]byte) error { return nil }, reload.Options{})
 	require.ErrorIs(t, err, os.ErrNotExist)
