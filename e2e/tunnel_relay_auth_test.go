@@ -36,6 +36,7 @@ type relayStack struct {
 	db        *pgtest.DB
 	node      string
 	relayAddr string
+	apiAddr   string
 	echoPort  uint32
 	tun       controlClient
 }
@@ -68,7 +69,7 @@ func startRelayStack(t *testing.T, prefix string, gatewayRelay, apiRelay []strin
 	dwg.Go(func() { _ = d.Run(dctx) })
 	t.Cleanup(func() { dcancel(); dwg.Wait() })
 	cc := controlv1connect.NewControlServiceClient(h2cClient(), "http://"+apiAddr)
-	return &relayStack{db: db, node: ids[0], relayAddr: relayAddr, echoPort: echo, tun: controlClient{cc, tunnelToken}}
+	return &relayStack{db: db, node: ids[0], relayAddr: relayAddr, apiAddr: apiAddr, echoPort: echo, tun: controlClient{cc, tunnelToken}}
 }
 
 // echoes opens a tunnel through the api (retrying UNAVAILABLE until the

@@ -77,6 +77,14 @@ type Service struct {
 }
 
 // New builds the service; it listens only once started.
+// callerPingAfter and callerPingTimeout are the api's HTTP/2 keep-alive
+// towards its callers: a connection silent this long is PINGed, and closed
+// when the PING goes unanswered for callerPingTimeout.
+const (
+	callerPingAfter   = 10 * time.Second
+	callerPingTimeout = 5 * time.Second
+)
+
 func New(cfg Config, deps Deps) (*Service, error) {
 	log := deps.Logger.With("component", "api")
 	reloaders, err := newReloaders(cfg, Deps{DB: deps.DB, Logger: log, Registry: deps.Registry})
@@ -160,7 +168,12 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		MaxHeaderBytes: 64 << 10,
 		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 		Protocols:      protocols,
-		HTTP2:          &http.HTTP2Config{MaxConcurrentStreams: 250},
+		// An idle connection is PINGed after 10 s and closed when the PING
+		// goes unanswered for 5 s: a caller whose network went silent (no
+		// FIN, no RST) stops holding its streams, a tunnel's node slot and
+		// target connection among them, within about 15 s instead of until
+		// the gateway's tunnel idle timeout.
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 250, SendPingTimeout: callerPingAfter, PingTimeout: callerPingTimeout},
 	}
 	if reloaders.tls != nil {
 		protocols.SetHTTP2(true)
