@@ -43,7 +43,10 @@ func startDocker(ctx context.Context) (*server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("run postgres container: %w", err)
 	}
-	_ = res.Expire(1800) // a crashed test binary leaves nothing behind for long
+	// No res.Expire: dockertest's Expire stops the container at once (its
+	// argument is the grace before SIGKILL, not a lifetime). A test binary
+	// that crashes leaves the container running until `docker rm -f`; one
+	// that ends purges it, and AutoRemove deletes it once stopped.
 	u := fmt.Sprintf("postgres://postgres:postgres@%s/postgres?sslmode=disable", res.GetHostPort("5432/tcp"))
 	pool.MaxWait = 90 * time.Second
 	if err := pool.Retry(func() error {
