@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -108,24 +109,40 @@ func authed[T any](m *T) *connect.Request[T] {
 	return r
 }
 
+// config is the bench's flags.
+type config struct {
+	nodes, inFlight  int
+	idle, workerPoll time.Duration
+	noListen         bool
+	jsonPath, binDir string
+}
+
 func main() {
-	nodes := flag.Int("nodes", 1000, "simulated node daemons")
-	inFlight := flag.Int("in-flight", 100, "the run's max_in_flight, and the single commands' concurrency")
-	idle := flag.Duration("idle", 5*time.Second, "how long the background statement rate is measured")
-	jsonPath := flag.String("json", "", "write the result as JSON to this file")
-	binDir := flag.String("bin", "", "use prebuilt leasehold-* binaries from this directory (default: build)")
-	noListen := flag.Bool("worker-no-listen", false, "run the worker with --pooler and no LISTEN URL: runs are woken by the 1 s scan and the recheck only, not by leasehold_command_done")
-	workerPoll := flag.Duration("worker-poll", 0, "the worker's --coord.poll-interval (0: its default, 500ms): how soon an idle reconciler sees an enqueued key")
+	var c config
+	flag.IntVar(&c.nodes, "nodes", 1000, "simulated node daemons")
+	flag.IntVar(&c.inFlight, "in-flight", 100, "the run's max_in_flight, and the single commands' concurrency")
+	flag.DurationVar(&c.idle, "idle", 5*time.Second, "how long the background statement rate is measured")
+	flag.StringVar(&c.jsonPath, "json", "", "write the result as JSON to this file")
+	flag.StringVar(&c.binDir, "bin", "", "use prebuilt leasehold-* binaries from this directory (default: build)")
+	flag.BoolVar(&c.noListen, "worker-no-listen", false, "run the worker with --pooler and no LISTEN URL: runs are woken by the 1 s scan and the recheck only, not by leasehold_command_done")
+	flag.DurationVar(&c.workerPoll, "worker-poll", 0, "the worker's --coord.poll-interval (0: its default, 500ms): how soon an idle reconciler sees an enqueued key")
 	flag.Parse()
-	if err := run(*nodes, *inFlight, *idle, *workerPoll, *noListen, *jsonPath, *binDir); err != nil {
+	ctx, cancel := harness.SignalContext(func() {})
+	res, err := run(ctx, c)
+	if err == nil {
+		err = res.report(os.Stdout, c.jsonPath)
+	}
+	cancel()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "runs:", err)
 		os.Exit(1)
 	}
 }
 
-func run(n, inFlight int, idle, workerPoll time.Duration, noListen bool, jsonPath, binDir string) error {
-	ctx, cancel := harness.SignalContext(func() {})
-	defer cancel()
+// run starts the stack, measures the idle rate, the run and the single
+// commands, and returns the result.
+func run(ctx context.Context, c config) (*result, error) {
+	n, inFlight, idle, workerPoll, noListen, binDir := c.nodes, c.inFlight, c.idle, c.workerPoll, c.noListen, c.binDir
 	res := &result{Machine: harness.Host(), Date: time.Now().UTC().Format(time.RFC3339), Nodes: n, InFlight: inFlight, LoadBefore: loadavg(),
 		WorkerPoll: "500ms (default)", WorkerListen: !noListen}
 	if workerPoll > 0 {
@@ -133,23 +150,23 @@ func run(n, inFlight int, idle, workerPoll time.Duration, noListen bool, jsonPat
 	}
 	srv, err := harness.StartServer(ctx, true)
 	if err != nil {
-		return fmt.Errorf("start PostgreSQL: %w", err)
+		return nil, fmt.Errorf("start PostgreSQL: %w", err)
 	}
 	defer srv.Stop()
 	res.Database = srv.Desc
 	db, err := srv.CreateDatabase(ctx, "bench_runs")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer db.Drop()
 	dir, err := os.MkdirTemp("", "leasehold-bench-runs-")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer os.RemoveAll(dir)
 	bins, err := harness.Binaries(dir, binDir, "gateway", "api", "worker")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	sup := &harness.Supervisor{}
 	defer sup.Stop()
@@ -175,15 +192,15 @@ func run(n, inFlight int, idle, workerPoll time.Duration, noListen bool, jsonPat
 	for _, p := range procs {
 		pr, err := sup.Start(p.name, bins[p.name], p.env, p.args...)
 		if err != nil {
-			return fmt.Errorf("start %s: %w", p.name, err)
+			return nil, fmt.Errorf("start %s: %w", p.name, err)
 		}
 		if err := pr.WaitReady(ctx, time.Minute); err != nil {
-			return fmt.Errorf("%s not ready: %w\n%s", p.name, err, pr.Tail())
+			return nil, fmt.Errorf("%s not ready: %w\n%s", p.name, err, pr.Tail())
 		}
 	}
 	ids, creds, err := harness.RegisterNodes(ctx, db.Pool, "bn", n)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cnt := &counter{}
 	dctx, dcancel := context.WithCancel(ctx)
@@ -192,7 +209,7 @@ func run(n, inFlight int, idle, workerPoll time.Duration, noListen bool, jsonPat
 	for i := range ids {
 		d, err := daemon.New(daemon.Config{Address: "http://" + gwAddr, NodeID: ids[i], Credential: creds[i], Handler: cnt.handle})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		wg.Go(func() { _ = d.Run(dctx) })
 	}
@@ -201,20 +218,20 @@ func run(n, inFlight int, idle, workerPoll time.Duration, noListen bool, jsonPat
 		_ = db.Pool.QueryRow(ctx, `/*bench*/ SELECT count(*) FROM node_sessions WHERE state = 'connected'`).Scan(&c)
 		return c == n
 	}); err != nil {
-		return fmt.Errorf("nodes did not connect: %w", err)
+		return nil, fmt.Errorf("nodes did not connect: %w", err)
 	}
 	api := controlv1connect.NewControlServiceClient(http.DefaultClient, "http://"+apiAddr)
 
 	// Background: heartbeats, liveness, scans, with nothing to do.
 	if err := db.ResetStatements(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	if err := harness.Sleep(ctx, idle); err != nil {
-		return err
+		return nil, err
 	}
 	bg, err := db.Statements(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	res.IdlePerSecond = float64(bg) / idle.Seconds()
 
@@ -259,7 +276,7 @@ func run(n, inFlight int, idle, workerPoll time.Duration, noListen bool, jsonPat
 			}
 		}
 	}); err != nil {
-		return err
+		return nil, err
 	}
 
 	if err := measure("single commands", func() (string, error) {
@@ -301,14 +318,21 @@ func run(n, inFlight int, idle, workerPoll time.Duration, noListen bool, jsonPat
 		b, _ := json.Marshal(states)
 		return string(b), first
 	}); err != nil {
-		return err
+		return nil, err
 	}
 	res.LoadAfter = loadavg()
 	if len(res.Phases) == 2 && res.Phases[1].PerNodeNet > 0 {
 		res.RunOverSingles = res.Phases[0].PerNodeNet / res.Phases[1].PerNodeNet
 	}
 
-	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	return res, nil
+}
+
+// report prints the table and the busiest statements, and writes the
+// result as JSON when jsonPath is set.
+func (res *result) report(out io.Writer, jsonPath string) error {
+	n, inFlight := res.Nodes, res.InFlight
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "runs bench: %d nodes, %d in flight, worker --coord.poll-interval %s (runs reconciler: --runs.claim-poll 100ms), %s; load average before %s, after %s\n", n, inFlight, res.WorkerPoll, res.Database, res.LoadBefore, res.LoadAfter)
 	fmt.Fprintf(w, "idle background: %.0f statements/s; worker LISTENs for leasehold_command_done: %v\n", res.IdlePerSecond, res.WorkerListen)
 	fmt.Fprintln(w, "phase\tseconds\tstatements\tper node\tper node net of idle\texecutions\tmax concurrent\toutcome")
@@ -317,9 +341,9 @@ func run(n, inFlight int, idle, workerPoll time.Duration, noListen bool, jsonPat
 	}
 	_ = w.Flush()
 	for _, p := range res.Phases {
-		fmt.Printf("\nbusiest statements, %s:\n", p.Name)
+		fmt.Fprintf(out, "\nbusiest statements, %s:\n", p.Name)
 		for _, s := range p.Top {
-			fmt.Printf("  %7d  %s\n", s.Calls, s.Query)
+			fmt.Fprintf(out, "  %7d  %s\n", s.Calls, s.Query)
 		}
 	}
 	if jsonPath != "" {
