@@ -25,6 +25,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
@@ -96,16 +97,36 @@ func main() {
 	stopAll := func() {}
 	ctx, cancel := harness.SignalContext(func() { stopAll() })
 	defer cancel()
+	res, err := runAll(ctx, c, func(kill func()) { stopAll = kill })
+	if err != nil {
+		os.Exit(2)
+	}
+	res.print(os.Stdout)
+	if err := harness.WriteJSON(c.jsonPath, res); err != nil {
+		fmt.Fprintln(os.Stderr, "dbfailover: write json:", err)
+		os.Exit(2)
+	}
+	if !res.Gate.Pass {
+		os.Exit(1)
+	}
+}
+
+// runAll runs c's scenarios one after another and judges them. Before each
+// it hands that scenario's kill to killer (a second Ctrl-C stops what the
+// scenario started). A scenario that fails before it has a result ends the
+// bench with that error (already printed); one that fails later records the
+// error in its result and the next one runs.
+func runAll(ctx context.Context, c config, killer func(kill func())) (*result, error) {
 	res := &result{Machine: harness.Host(), Date: time.Now().UTC().Format(time.RFC3339), Timings: string(c.timings),
 		Nodes: c.nodes, Rate: c.rate, Outage: c.outage.Seconds(), AsyncLag: c.asyncLag.Seconds()}
 	for _, s := range c.scenarios {
 		r := &run{c: c, scenario: s}
-		stopAll = r.kill
+		killer(r.kill)
 		sr, err := r.do(ctx)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "dbfailover: %s: %v\n", s, err)
 			if sr == nil {
-				os.Exit(2)
+				return nil, fmt.Errorf("%s: %w", s, err)
 			}
 			sr.Error = err.Error()
 		}
@@ -115,12 +136,5 @@ func main() {
 		}
 	}
 	res.judge()
-	res.print(os.Stdout)
-	if err := harness.WriteJSON(c.jsonPath, res); err != nil {
-		fmt.Fprintln(os.Stderr, "dbfailover: write json:", err)
-		os.Exit(2)
-	}
-	if !res.Gate.Pass {
-		os.Exit(1)
-	}
+	return res, nil
 }

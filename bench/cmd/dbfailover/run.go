@@ -100,6 +100,9 @@ func (r *run) do(ctx context.Context) (*scenarioResult, error) {
 	r.mu.Unlock()
 	defer func() {
 		f.Sup.Stop()
+		if f.DB != nil {
+			f.DB.Pool.Close() // the database goes with the pair
+		}
 		if f.Dir != "" && !r.c.keep {
 			os.RemoveAll(f.Dir)
 		} else if f.Dir != "" {
