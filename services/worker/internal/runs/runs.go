@@ -299,7 +299,11 @@ func Reconcile(ctx context.Context, tx pgx.Tx, runID string, cfg Config, wake *c
 		// Ended (cancelled, or failed with nodes still running): only the
 		// running nodes' outcomes are left to copy.
 	case failures > maxFailures:
-		reason := fmt.Sprintf("%d nodes failed, more than max_failures %d", failures, maxFailures)
+		noun := "nodes"
+		if failures == 1 {
+			noun = "node"
+		}
+		reason := fmt.Sprintf("%d %s failed, more than max_failures %d", failures, noun, maxFailures)
 		if _, err := tx.Exec(ctx, endRunSQL, runID, "failed", reason); err != nil {
 			return fmt.Errorf("fail run %s: %w", runID, err)
 		}
