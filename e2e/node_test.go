@@ -24,7 +24,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/leasehold/leasehold/pkg/faultproxy"
 	"github.com/leasehold/leasehold/pkg/fleettest"
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
 	"github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1/controlv1connect"
@@ -35,12 +34,12 @@ import (
 
 const agentOperatorToken = "e2e-agent-operator-token-1"
 
-// agentStack is two gateways behind a balancer and an api, for real
-// leasehold-node processes.
+// agentStack is two gateways behind HAProxy (nodeBalancer) and an api,
+// for real leasehold-node processes.
 type agentStack struct {
 	db   *pgtest.DB
 	gws  []fleettest.Gateway
-	lb   *faultproxy.Proxy
+	lb   string // the balancer's address, which the agents dial
 	api  controlClient
 	root string // parent of the agents' state directories
 }
@@ -57,7 +56,7 @@ func startAgentStack(t *testing.T) *agentStack {
 		fleettest.StartGateway(t, db.URL, "gw_agent_a", gwArgs...),
 		fleettest.StartGateway(t, db.URL, "gw_agent_b", gwArgs...),
 	}
-	s.lb = balancer(t, s.gws[0].Listen, s.gws[1].Listen)
+	s.lb = nodeBalancer(t, s.gws...)
 	apiAddr := fleettest.Addr(t)
 	args := append([]string{"--database-url", db.URL, "--http-addr", fleettest.Addr(t), "--id", "api_agent", "--log-format", "text",
 		"--listen-addr", apiAddr, "--api.wait-poll-interval", "1s", "--api.max-message-bytes", strconv.Itoa(bigMessage),
@@ -80,7 +79,7 @@ func (s *agentStack) startAgent(t *testing.T, id, cred string, extra ...string) 
 	if _, err := os.Stat(credFile); err != nil {
 		require.NoError(t, os.WriteFile(credFile, []byte(cred+"\n"), 0o600))
 	}
-	args := append([]string{"--gateway-url", "http://" + s.lb.Addr(), "--state-dir", state, "--node-id", id,
+	args := append([]string{"--gateway-url", "http://" + s.lb, "--state-dir", state, "--node-id", id,
 		"--http-addr", fleettest.Addr(t), "--log-format", "text", "--redial-backoff-max", "500ms",
 		"--max-message-bytes", strconv.Itoa(bigMessage), "--output.max-bytes", strconv.Itoa(2 * bigMessage),
 		"--file.roots", filepath.Join(state, "files")}, extra...)

@@ -6,26 +6,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"time"
 
+	"github.com/leasehold/leasehold/pkg/haproxy"
 	"github.com/leasehold/leasehold/pkg/pglocal"
 )
 
 // Backend is one gateway behind the balancer.
-type Backend struct {
-	Name string
-	// Listen is the traffic port, HTTP the /readyz health port.
-	Listen, HTTP string
-}
-
-// scaledMs is ms milliseconds divided by rate (when above 1), at least 20.
-func scaledMs(ms int, rate float64) int {
-	if rate > 1 {
-		ms = int(float64(ms) / rate)
-	}
-	return max(ms, 20)
-}
+type Backend = haproxy.Backend
 
 // fdsPerProcess is how many descriptors one HAProxy process may use for
 // proxied connections (two per connection). It stays under the common hard
@@ -51,54 +39,9 @@ func StartHAProxy(ctx context.Context, sup *Supervisor, dir string, backends []B
 	procs := (2*maxconn + fdsPerProcess - 1) / fdsPerProcess
 	maxconn = (maxconn + procs - 1) / procs
 	addr := FreeAddr()
-	var b strings.Builder
-	fmt.Fprintf(&b, `global
-    maxconn %d
-    log stderr format short local0 warning
-
-defaults
-    mode tcp
-    log global
-    timeout connect 2s
-    timeout client 1h
-    timeout server 1h
-    timeout check %dms
-    # A refused connect is retried once on another gateway at once.
-    retries 1
-    option redispatch 1
-
-frontend nodes
-    bind %s
-    maxconn %d
-    # Fail open to live gateways when none is ready (deploy/haproxy).
-    use_backend gateways_live if { nbsrv(gateways) eq 0 }
-    default_backend gateways
-
-backend gateways
-    balance leastconn
-    option httpchk GET /readyz
-    # A gateway that refuses one connection (killed) is marked down at
-    # once instead of after two failed checks: leastconn would otherwise
-    # send every new dial to the dead gateway, which has the fewest
-    # connections, for up to a second.
-    default-server inter %dms fall 2 rise 2 observe layer4 error-limit 1 on-error mark-down
-`, maxconn+100, scaledMs(1000, rate), addr, maxconn, scaledMs(500, rate))
-	servers := func() {
-		for _, be := range backends {
-			_, port, _ := strings.Cut(be.HTTP, ":")
-			fmt.Fprintf(&b, "    server %s %s check port %s\n", be.Name, be.Listen, port)
-		}
-	}
-	servers()
-	fmt.Fprintf(&b, `
-backend gateways_live
-    balance roundrobin
-    option httpchk GET /livez
-    default-server inter %dms fall 2 rise 2 observe layer4 error-limit 1 on-error mark-down
-`, scaledMs(500, rate))
-	servers()
+	text := haproxy.Config(backends, haproxy.Options{Bind: addr, MaxConn: maxconn, Rate: rate})
 	cfg := filepath.Join(dir, "haproxy.cfg")
-	if err := os.WriteFile(cfg, []byte(b.String()), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
 		return "", nil, err
 	}
 	var ps []*Proc
