@@ -50,26 +50,71 @@ type Config struct {
 	// Version is the agent version reported by facts; empty means the
 	// build's (pkg/buildinfo).
 	Version string
+	// Cgroup says whether each exec and script command runs in a cgroup
+	// v2 of its own as well as in its process group (CgroupAuto).
+	Cgroup CgroupMode
+
+	// cgroupPaths replaces /proc/self/mountinfo and /proc/self/cgroup in
+	// tests; zero means those.
+	cgroupPaths cgroupPaths
+}
+
+// CgroupMode is how commands use cgroups: CgroupAuto, CgroupOff or
+// CgroupRequired (the exec.cgroup flag).
+type CgroupMode string
+
+const (
+	// CgroupAuto runs each command in a cgroup of its own when the agent's
+	// cgroup v2 is usable (cgroup2 mounted, the agent's cgroup its own and
+	// writable, cgroup.kill present: Linux 5.14), and in its process group
+	// only otherwise, saying why once at start (info).
+	CgroupAuto CgroupMode = "auto"
+	// CgroupOff runs each command in its process group only.
+	CgroupOff CgroupMode = "off"
+	// CgroupRequired is CgroupAuto that refuses to start, naming the
+	// reason, when cgroup v2 is not usable.
+	CgroupRequired CgroupMode = "required"
+)
+
+// String implements flag.Value.
+func (m *CgroupMode) String() string {
+	if m == nil {
+		return ""
+	}
+	return string(*m)
+}
+
+// Set implements flag.Value: auto, off or required.
+func (m *CgroupMode) Set(s string) error {
+	switch v := CgroupMode(strings.TrimSpace(s)); v {
+	case CgroupAuto, CgroupOff, CgroupRequired:
+		*m = v
+		return nil
+	}
+	return fmt.Errorf("%q is not one of auto, off, required", s)
 }
 
 // DefaultConfig returns the defaults: 8 concurrent commands, a 10 s kill
-// grace, no file roots, 16 MiB files, reboot refused, systemctl reboot.
+// grace, no file roots, 16 MiB files, reboot refused, systemctl reboot, a
+// cgroup per command where cgroup v2 is usable.
 func DefaultConfig() Config {
 	return Config{
 		MaxConcurrent: DefaultMaxConcurrent,
 		KillGrace:     DefaultKillGrace,
 		FileMaxBytes:  DefaultFileMaxBytes,
 		RebootCommand: append([]string(nil), DefaultRebootCommand...),
+		Cgroup:        CgroupAuto,
 	}
 }
 
 // RegisterFlags registers the executor's flags under prefix (for example
-// "" or "node."): exec.max-concurrent, exec.kill-grace, file.roots,
-// file.max-bytes, allow-reboot, reboot-command. The current values of c
+// "" or "node."): exec.max-concurrent, exec.kill-grace, exec.cgroup,
+// file.roots, file.max-bytes, allow-reboot, reboot-command. The current values of c
 // are the flags' defaults.
 func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.IntVar(&c.MaxConcurrent, prefix+"exec.max-concurrent", c.MaxConcurrent, "exec and script commands running at once; the rest wait on the node")
 	f.DurationVar(&c.KillGrace, prefix+"exec.kill-grace", c.KillGrace, "time between SIGTERM and SIGKILL to a command's process group on cancel, timeout, or leftovers after it exits")
+	f.Var(&c.Cgroup, prefix+"exec.cgroup", "auto, off or required: run each exec and script command in a cgroup v2 of its own, so that cancel, timeout and its end kill everything it started (setsid'd daemons too); auto falls back to its process group where cgroup v2 is not usable (it logs why), required refuses to start there")
 	f.Func(prefix+"file.roots", "comma-separated absolute directories file.put and file.get may touch; empty refuses file commands", func(s string) error {
 		c.FileRoots = nil
 		for r := range strings.SplitSeq(s, ",") {
@@ -104,6 +149,11 @@ func (c Config) Validate() error {
 	}
 	if c.FileMaxBytes < 1 {
 		errs = append(errs, fmt.Errorf("file.max-bytes must be at least 1, got %d", c.FileMaxBytes))
+	}
+	switch c.Cgroup {
+	case "", CgroupAuto, CgroupOff, CgroupRequired:
+	default:
+		errs = append(errs, fmt.Errorf("exec.cgroup must be auto, off or required, got %q", c.Cgroup))
 	}
 	if c.AllowReboot && len(c.RebootCommand) == 0 {
 		errs = append(errs, errors.New("reboot-command must not be empty with allow-reboot"))

@@ -9,6 +9,12 @@
 //   - cancel and timeout send SIGTERM to the whole group, then SIGKILL after
 //     Config.KillGrace; processes left in the group after the main process
 //     exited are stopped the same way, so none outlives its command.
+//   - on Linux with a cgroup v2 of the agent's own (Config.Cgroup), each
+//     exec and script command also runs in a cgroup of its own, which it
+//     starts in (clone3): processes that left the group (setsid) get the
+//     SIGTERM too and are killed with the rest (cgroup.kill), and the
+//     cgroup is removed once empty. Elsewhere a process that calls setsid
+//     escapes its command.
 //   - at most Config.MaxConcurrent exec and script commands run at once; the
 //     rest wait on the node and can be cancelled while they wait.
 //   - file.put is atomic and leaves nothing behind on failure; file kinds
@@ -84,6 +90,9 @@ type Executor struct {
 	roots []string // FileRoots with symlinks resolved
 	log   *slog.Logger
 	slots chan struct{}
+	// cg is the cgroup under which each command gets one of its own; nil:
+	// process groups only.
+	cg *cgroupRoot
 
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -93,6 +102,12 @@ type Executor struct {
 }
 
 // New validates cfg and returns an Executor. A nil logger discards.
+//
+// Unless cfg.Cgroup is CgroupOff it sets up cgroups on Linux: it checks
+// the agent's cgroup v2 (CheckCgroups), kills and removes the command
+// cgroups a killed agent left in it, and moves the agent into the leaf
+// "agent" below it. Where that fails, commands run in process groups only
+// and New logs why at info, or fails with CgroupRequired.
 func New(cfg Config, logger *slog.Logger) (*Executor, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("nodeexec: %w", err)
@@ -104,6 +119,21 @@ func New(cfg Config, logger *slog.Logger) (*Executor, error) {
 		cfg.Version = buildinfo.Version()
 	}
 	e := &Executor{cfg: cfg, log: logger, slots: make(chan struct{}, cfg.MaxConcurrent), closing: make(chan struct{})}
+	switch cfg.Cgroup {
+	case CgroupOff:
+		logger.Info("commands run in their process groups only (exec.cgroup=off)")
+	default:
+		root, err := setupCgroups(cfg.cgroupPaths, logger)
+		switch {
+		case err == nil:
+			e.cg = root
+			logger.Info("each exec and script command runs in a cgroup of its own", "cgroup", root.dir, "agent", root.dir+"/"+cgroupLeaf)
+		case cfg.Cgroup == CgroupRequired:
+			return nil, fmt.Errorf("nodeexec: exec.cgroup=required: %w", err)
+		default:
+			logger.Info("commands run in their process groups only, without cgroups: a process that calls setsid escapes its command (exec.cgroup=auto)", "reason", err.Error())
+		}
+	}
 	for _, r := range cfg.FileRoots {
 		// A root reached through a symlink is compared by its target, as
 		// the paths checked against it are.
@@ -113,6 +143,16 @@ func New(cfg Config, logger *slog.Logger) (*Executor, error) {
 		e.roots = append(e.roots, r)
 	}
 	return e, nil
+}
+
+// CheckCgroups reports why exec and script commands could not run in
+// cgroups of their own on this machine, or nil when they can: cgroup2
+// mounted, the agent alone in its cgroup, a cgroup made there, cgroup.kill
+// in it (Linux 5.14), and a process started in it. It changes nothing but
+// an empty probe cgroup it makes and removes.
+func CheckCgroups(cfg Config) error {
+	_, _, err := probeCgroups(cfg.cgroupPaths)
+	return err
 }
 
 // Close cancels a reboot that has not started yet and waits for the
@@ -143,10 +183,10 @@ func (e *Executor) Handle(ctx context.Context, cmd *nodev1.Command) daemon.Outco
 	log := e.log.With("command", cmd.GetCommandId(), "kind", kind)
 	switch p := msg.(type) {
 	case *nodev1.ExecPayload:
-		return e.runProcess(ctx, log, runSpec{argv: p.GetArgv(), env: p.GetEnv(), dir: p.GetDir(), user: p.GetUser(),
+		return e.runProcess(ctx, log, runSpec{id: cmd.GetCommandId(), argv: p.GetArgv(), env: p.GetEnv(), dir: p.GetDir(), user: p.GetUser(),
 			group: p.GetGroup(), stdin: p.GetStdin(), timeout: p.GetTimeout().AsDuration(), deadline: deadline})
 	case *nodev1.ScriptPayload:
-		return e.runScript(ctx, log, p, deadline)
+		return e.runScript(ctx, log, cmd.GetCommandId(), p, deadline)
 	case *nodev1.FilePutPayload:
 		return e.filePut(log, p)
 	case *nodev1.FileGetPayload:

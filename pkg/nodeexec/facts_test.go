@@ -3,6 +3,7 @@ package nodeexec
 import (
 	"encoding/json"
 	"flag"
+	"io"
 	"os"
 	"os/exec"
 	"runtime"
@@ -89,19 +90,25 @@ func TestConfigFlagsAndValidate(t *testing.T) {
 	t.Parallel()
 	c := DefaultConfig()
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
 	c.RegisterFlags("node.", fs)
 	require.NoError(t, c.Validate())
 	require.NoError(t, fs.Parse([]string{"-node.exec.max-concurrent=3", "-node.exec.kill-grace=2s", "-node.file.roots=/srv, /etc/app",
-		"-node.file.max-bytes=100", "-node.allow-reboot", "-node.reboot-command=/sbin/shutdown -r now"}))
+		"-node.file.max-bytes=100", "-node.allow-reboot", "-node.reboot-command=/sbin/shutdown -r now", "-node.exec.cgroup=required"}))
 	require.Equal(t, Config{MaxConcurrent: 3, KillGrace: 2 * time.Second, FileRoots: []string{"/srv", "/etc/app"}, FileMaxBytes: 100,
-		AllowReboot: true, RebootCommand: []string{"/sbin/shutdown", "-r", "now"}}, c)
+		AllowReboot: true, RebootCommand: []string{"/sbin/shutdown", "-r", "now"}, Cgroup: CgroupRequired}, c)
 	require.NoError(t, c.Validate())
+	require.ErrorContains(t, fs.Parse([]string{"-node.exec.cgroup=systemd"}), `"systemd" is not one of auto, off, required`)
+	require.Equal(t, CgroupRequired, c.Cgroup, "a refused value leaves the flag as it was")
+	require.Equal(t, "auto", fs.Lookup("node.exec.cgroup").DefValue)
 
 	bad := DefaultConfig()
 	bad.MaxConcurrent, bad.KillGrace, bad.FileRoots, bad.FileMaxBytes, bad.AllowReboot, bad.RebootCommand = 0, 0, []string{"srv", "/a/../b"}, 0, true, nil
+	bad.Cgroup = "sometimes"
 	err := bad.Validate()
 	require.Error(t, err)
-	for _, s := range []string{"exec.max-concurrent", "exec.kill-grace", `file.roots: "srv"`, `file.roots: "/a/../b"`, "file.max-bytes", "reboot-command"} {
+	for _, s := range []string{"exec.max-concurrent", "exec.kill-grace", `file.roots: "srv"`, `file.roots: "/a/../b"`, "file.max-bytes", "reboot-command",
+		`exec.cgroup must be auto, off or required, got "sometimes"`} {
 		require.Contains(t, err.Error(), s)
 	}
 	_, err = New(bad, nil)

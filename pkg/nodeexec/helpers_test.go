@@ -96,6 +96,9 @@ func newExecutor(t *testing.T, mutate ...func(*Config)) *Executor {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Version = "test-version"
+	// The process-group behaviour; cgroup_linux_test.go runs commands in
+	// cgroups of their own.
+	cfg.Cgroup = CgroupOff
 	for _, m := range mutate {
 		m(&cfg)
 	}

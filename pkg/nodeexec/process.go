@@ -25,6 +25,7 @@ import (
 // runSpec is one process to run: exec's payload, or script's interpreter
 // with the script's path.
 type runSpec struct {
+	id       string // the command's: names its cgroup
 	argv     []string
 	env      map[string]string
 	dir      string
@@ -166,7 +167,7 @@ func environ(id identity, env map[string]string) []string {
 
 // runScript writes the script to a private directory, runs it with its
 // interpreter, and removes the directory.
-func (e *Executor) runScript(ctx context.Context, log *slog.Logger, p *nodev1.ScriptPayload, deadline time.Time) daemon.Outcome {
+func (e *Executor) runScript(ctx context.Context, log *slog.Logger, id string, p *nodev1.ScriptPayload, deadline time.Time) daemon.Outcome {
 	dir, err := os.MkdirTemp("", "leasehold-script-")
 	if err != nil {
 		return failf(CodeIOError, "script: create its directory: %v", err)
@@ -177,16 +178,16 @@ func (e *Executor) runScript(ctx context.Context, log *slog.Logger, p *nodev1.Sc
 		}
 	}()
 	path := filepath.Join(dir, "script")
-	spec := runSpec{argv: append([]string{p.GetInterpreter(), path}, p.GetArgs()...), env: p.GetEnv(), dir: p.GetDir(),
+	spec := runSpec{id: id, argv: append([]string{p.GetInterpreter(), path}, p.GetArgs()...), env: p.GetEnv(), dir: p.GetDir(),
 		user: p.GetUser(), group: p.GetGroup(), timeout: p.GetTimeout().AsDuration(), deadline: deadline}
-	spec.prepare = func(id identity) error {
+	spec.prepare = func(who identity) error {
 		if err := os.WriteFile(path, []byte(p.GetScript()), 0o700); err != nil {
 			return fmt.Errorf("script: write %s: %w", path, err)
 		}
-		if id.cred != nil {
+		if who.cred != nil {
 			// Private to the user it runs as, not world-readable.
 			for _, f := range []string{dir, path} {
-				if err := os.Chown(f, int(id.uid), int(id.gid)); err != nil {
+				if err := os.Chown(f, int(who.uid), int(who.gid)); err != nil {
 					return fmt.Errorf("script: chown %s: %w", f, err)
 				}
 			}
@@ -205,8 +206,9 @@ const (
 	stopTimeout
 )
 
-// runProcess runs spec in a process group of its own and reports how it
-// ended. It waits for a slot first.
+// runProcess runs spec in a process group of its own, and in a cgroup of
+// its own when the executor has cgroups, and reports how it ended. It
+// waits for a slot first.
 func (e *Executor) runProcess(ctx context.Context, log *slog.Logger, spec runSpec) daemon.Outcome {
 	// A command waits for a slot until its deadline at most; its own
 	// timeout counts from when it starts.
@@ -271,6 +273,17 @@ func (e *Executor) runProcess(ctx context.Context, log *slog.Logger, spec runSpe
 	cmd.Env = environ(id, spec.env)
 	cmd.Dir = dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: id.cred}
+	cg, err := e.commandCgroup(log, spec.id)
+	if err != nil {
+		return failf(CodeStartFailed, "%v", err)
+	}
+	cgDir := ""
+	if cg != nil {
+		// Removed once the command is over and everything in it is gone.
+		defer e.releaseCgroup(log, cg)
+		cg.setProcAttr(cmd.SysProcAttr)
+		cgDir = cg.dir
+	}
 	if len(spec.stdin) > 0 {
 		cmd.Stdin = bytes.NewReader(spec.stdin)
 	}
@@ -294,6 +307,9 @@ func (e *Executor) runProcess(ctx context.Context, log *slog.Logger, spec runSpe
 	err = cmd.Start()
 	_ = outW.Close()
 	_ = errW.Close()
+	if cg != nil {
+		cg.closeFD()
+	}
 	if err != nil {
 		_ = outR.Close()
 		_ = errR.Close()
@@ -303,7 +319,9 @@ func (e *Executor) runProcess(ctx context.Context, log *slog.Logger, spec runSpe
 		return failf(CodeStartFailed, "start %s: %v", spec.argv[0], err)
 	}
 	pid := cmd.Process.Pid
-	log.Debug("started", "pid", pid, "argv0", spec.argv[0])
+	// cgroup is the command's cgroup directory, "" when it runs in its
+	// process group only.
+	log.Debug("started", "pid", pid, "argv0", spec.argv[0], "cgroup", cgDir)
 
 	tail := &tailBuffer{limit: ResultTailBytes}
 	var copiers sync.WaitGroup
@@ -336,29 +354,31 @@ func (e *Executor) runProcess(ctx context.Context, log *slog.Logger, spec runSpe
 			reason = stopTimeout
 		}
 		termAt = time.Now()
-		_ = syscall.Kill(-pid, syscall.SIGTERM)
+		signalCommand(log, pid, cg, syscall.SIGTERM)
 		grace := time.NewTimer(e.cfg.KillGrace)
 		select {
 		case <-exited:
 		case <-grace.C:
-			_ = syscall.Kill(-pid, syscall.SIGKILL)
+			signalCommand(log, pid, cg, syscall.SIGKILL)
 			killed = true
 			<-exited
 		}
 		grace.Stop()
 	}
-	// Anything left in the group (a background child) goes too.
-	e.stopLeftovers(log, pid, termAt, killed)
+	// Anything left in the group or the cgroup (a background child, a
+	// daemon that called setsid) goes too.
+	e.stopLeftovers(log, pid, cg, termAt, killed)
 	waitErr := cmd.Wait()
 
 	// The pipes reach EOF when the last holder exits; one that escaped the
-	// group (setsid) is not waited for beyond a moment.
+	// group (setsid, without a cgroup; or a root process that moved itself
+	// out of its cgroup) is not waited for beyond a moment.
 	copied := make(chan struct{})
 	go func() { copiers.Wait(); close(copied) }()
 	select {
 	case <-copied:
 	case <-time.After(2 * time.Second):
-		log.Warn("a process outside the command's group keeps its output open; not reading it further", "pid", pid)
+		log.Warn("a process outside the command's group keeps its output open; not reading it further", "pid", pid, "cgroup", cgDir)
 		_ = outR.Close()
 		_ = errR.Close()
 		<-copied
@@ -403,34 +423,93 @@ func (e *Executor) runProcess(ctx context.Context, log *slog.Logger, spec runSpe
 	return o
 }
 
-// stopLeftovers stops the processes left in group pgid after its main
-// process exited: SIGTERM (unless one was sent at termAt), SIGKILL once the
-// grace since then has passed, and a wait until none is alive.
-func (e *Executor) stopLeftovers(log *slog.Logger, pgid int, termAt time.Time, killed bool) {
-	if !groupAlive(pgid) {
+// stopLeftovers stops the processes left in group pgid, and in cgroup cg
+// when there is one, after its main process exited: SIGTERM (unless one
+// was sent at termAt), SIGKILL once the grace since then has passed, and
+// a wait until none is alive.
+func (e *Executor) stopLeftovers(log *slog.Logger, pgid int, cg *cmdCgroup, termAt time.Time, killed bool) {
+	alive := func() bool { return groupAlive(pgid) }
+	cgDir := ""
+	if cg != nil {
+		// Everything the command started is in its cgroup (a root process
+		// may move itself out, on purpose): the cgroup's populated flag
+		// answers for the group too, without the scan of /proc.
+		cgDir = cg.dir
+		alive = func() bool {
+			if full, err := cg.populated(); err == nil {
+				return full
+			}
+			return groupAlive(pgid)
+		}
+	}
+	if !alive() {
 		return
 	}
 	if killed {
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		signalCommand(log, pgid, cg, syscall.SIGKILL)
 	} else if termAt.IsZero() {
 		termAt = time.Now()
-		log.Info("processes left in the command's group after it exited; stopping them", "pgid", pgid)
-		_ = syscall.Kill(-pgid, syscall.SIGTERM)
+		log.Info("processes left in the command's group after it exited; stopping them", "pgid", pgid, "cgroup", cgDir)
+		signalCommand(log, pgid, cg, syscall.SIGTERM)
 	}
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
-	for groupAlive(pgid) {
+	for alive() {
 		if !killed && time.Since(termAt) >= e.cfg.KillGrace {
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			signalCommand(log, pgid, cg, syscall.SIGKILL)
 			killed = true
 			termAt = time.Now()
 		}
 		if killed && time.Since(termAt) > 5*time.Second {
-			log.Error("processes of the command's group survive SIGKILL (uninterruptible sleep?)", "pgid", pgid)
+			log.Error("processes of the command's group survive SIGKILL (uninterruptible sleep?)", "pgid", pgid, "cgroup", cgDir)
 			return
 		}
 		<-tick.C
 	}
+}
+
+// signalCommand sends sig to the command's process group pgid and, with a
+// cgroup, to the rest of the command: SIGTERM to each process of the
+// cgroup outside the group, SIGKILL to the whole cgroup (cgroup.kill).
+func signalCommand(log *slog.Logger, pgid int, cg *cmdCgroup, sig syscall.Signal) {
+	_ = syscall.Kill(-pgid, sig)
+	if cg == nil {
+		return
+	}
+	if sig != syscall.SIGKILL {
+		cg.signalOutsideGroup(pgid, sig)
+		return
+	}
+	if err := cg.kill(); err != nil {
+		log.Warn("cannot write cgroup.kill; only the process group was sent SIGKILL", "cgroup", cg.dir, "err", err)
+	}
+}
+
+// commandCgroup makes the cgroup of command id: nil when the executor runs
+// commands in process groups only, or when it cannot make one and
+// exec.cgroup is auto (a warning says why).
+func (e *Executor) commandCgroup(log *slog.Logger, id string) (*cmdCgroup, error) {
+	if e.cg == nil {
+		return nil, nil
+	}
+	cg, err := e.cg.create(id)
+	if err == nil {
+		return cg, nil
+	}
+	if e.cfg.Cgroup == CgroupRequired {
+		return nil, fmt.Errorf("exec.cgroup=required: %w", err)
+	}
+	log.Warn("running the command in its process group only", "err", err)
+	return nil, nil
+}
+
+// releaseCgroup removes the command's cgroup, killing what is still in it.
+func (e *Executor) releaseCgroup(log *slog.Logger, cg *cmdCgroup) {
+	if err := cg.remove(cgroupSettle); err != nil {
+		log.Error("cannot remove the command's cgroup", "err", err)
+		return
+	}
+	log.Debug("removed the command's cgroup", "cgroup", cg.dir)
 }
 
 // groupAlive reports whether a process of group pgid is alive (not a

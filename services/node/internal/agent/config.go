@@ -91,6 +91,14 @@ func (c *Config) Resolve() error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
+	// Refused here, with the other configuration errors (exit 2, which the
+	// unit does not restart), when the machine cannot do what the operator
+	// required; New sets the cgroups up.
+	if c.Exec.Cgroup == nodeexec.CgroupRequired {
+		if err := nodeexec.CheckCgroups(c.Exec); err != nil {
+			return fmt.Errorf("--exec.cgroup=required: %w", err)
+		}
+	}
 	// A missing or exposed credential is a configuration error: refuse to
 	// start, naming the file. Every Hello reads it again (rotation).
 	_, err := ReadCredential(c.CredentialFile)
