@@ -166,7 +166,7 @@ func ownCgroup(p cgroupPaths) (string, error) {
 		if sep < 5 || sep+1 >= len(f) || f[sep+1] != "cgroup2" {
 			continue
 		}
-		root, mnt := unescapeMountinfo(f[3]), unescapeMountinfo(f[4])
+		root, mnt := unescapeMount(f[3]), unescapeMount(f[4])
 		var rel string
 		switch {
 		case root == "/":
@@ -181,25 +181,6 @@ func ownCgroup(p cgroupPaths) (string, error) {
 		return filepath.Join(mnt, rel), nil
 	}
 	return "", fmt.Errorf("no cgroup2 filesystem in %s holds the agent's cgroup %s: cgroup v2 is not mounted", p.mountinfo, own)
-}
-
-// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // enterLeaf moves the agent into its leaf cgroup. cgroup v2 lets a cgroup

@@ -255,7 +255,8 @@ func disks() []Disk {
 	return out
 }
 
-// unescapeMount undoes /proc/mounts' octal escapes (\040 for a space).
+// unescapeMount undoes the octal escapes of /proc/mounts and
+// /proc/self/mountinfo (\040 for a space).
 func unescapeMount(s string) string {
 	if !strings.Contains(s, `\`) {
 		return s
