@@ -6,9 +6,11 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 )
 
 // Ports for processes that bind them later.
@@ -32,6 +34,15 @@ import (
 // handed out twice by one process, even after the process it went to has
 // exited. Only when too few ports lie outside the ephemeral range does it
 // fall back to asking the kernel, still never repeating a port.
+//
+// Test binaries run side by side (go test runs packages in parallel), and
+// each binary's shuffled order only makes a clash rare. So a port is also
+// reserved across processes before it is handed out: an exclusive flock on
+// a file named for it in a directory every test process shares, held until
+// the process exits (the kernel drops the lock then, even on SIGKILL). A
+// port another live process reserved is skipped. Where the directory
+// cannot be used (another user's, a read-only /tmp) the reservation is
+// left out and the per-process order is all there is.
 var ports struct {
 	sync.Mutex
 	// order holds the candidates in this process's order (nil until first
@@ -73,7 +84,7 @@ func FreePort() (int, error) {
 	for ports.next < len(ports.order) {
 		port := ports.order[ports.next]
 		ports.next++
-		if bindable(port) {
+		if reserve(port) && bindable(port) {
 			return port, nil
 		}
 	}
@@ -90,7 +101,7 @@ func kernelPort() (int, error) {
 		}
 		port := l.Addr().(*net.TCPAddr).Port
 		_ = l.Close()
-		if !ports.handedOut[port] {
+		if !ports.handedOut[port] && reserve(port) {
 			ports.handedOut[port] = true
 			return port, nil
 		}
@@ -145,4 +156,45 @@ func portCandidates(lo, hi int) []int {
 		}
 	}
 	return out
+}
+
+// reservations holds the open lock files of the ports this process
+// reserved; they are never closed, so the locks last as long as the
+// process.
+var reservations struct {
+	sync.Mutex
+	dir   string
+	ready bool
+	files []*os.File
+}
+
+// reserveDir is where the ports' lock files live.
+func reserveDir() string { return filepath.Join(os.TempDir(), "leasehold-test-ports") }
+
+// reserve takes port for this process across every test process on the
+// machine: false when another live process holds it. It says true when no
+// reservation can be made at all (see above).
+func reserve(port int) bool {
+	reservations.Lock()
+	defer reservations.Unlock()
+	if !reservations.ready {
+		reservations.ready = true
+		dir := reserveDir()
+		if err := os.MkdirAll(dir, 0o777); err == nil {
+			reservations.dir = dir
+		}
+	}
+	if reservations.dir == "" {
+		return true
+	}
+	f, err := os.OpenFile(filepath.Join(reservations.dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return true // not ours to lock: no reservation, as documented
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = f.Close()
+		return false
+	}
+	reservations.files = append(reservations.files, f)
+	return true
 }

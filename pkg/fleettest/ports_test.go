@@ -1,8 +1,14 @@
 package fleettest
 
 import (
+	"bufio"
+	"fmt"
+	"io"
 	"net"
+	"os"
+	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -95,5 +101,53 @@ func TestParsePortRange(t *testing.T) {
 		if _, _, err := parsePortRange(bad); err == nil {
 			t.Errorf("%q parsed", bad)
 		}
+	}
+}
+
+// TestPortsAreReservedAcrossProcesses: a port another live test process
+// handed out is not handed out here, and is free to reserve once that
+// process has exited. The other process is this test binary run again,
+// which hands out one port, prints it and waits for its stdin to close.
+func TestPortsAreReservedAcrossProcesses(t *testing.T) {
+	if os.Getenv("LEASEHOLD_FLEETTEST_HOLD") != "" {
+		port, err := FreePort()
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		fmt.Println(port)
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		os.Exit(0)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPortsAreReservedAcrossProcesses$")
+	cmd.Env = append(os.Environ(), "LEASEHOLD_FLEETTEST_HOLD=1")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("the holding process said nothing: %v", err)
+	}
+	port, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		t.Fatalf("the holding process said %q", line)
+	}
+	if reserve(port) {
+		t.Errorf("port %d was reserved here while another process holds it", port)
+	}
+	_ = stdin.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("holding process: %v", err)
+	}
+	if !reserve(port) {
+		t.Errorf("port %d is still held after its process exited", port)
 	}
 }
