@@ -346,7 +346,7 @@ fuzz:
 		(cd $$dir && go test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) .); \
 	done
 
-# ---- packages (deploy/nfpm): leasehold-node as .deb and .rpm ----
+# ---- packages (deploy/nfpm): leasehold-node and the control plane as .deb and .rpm ----
 # nfpm is pinned as a tool directive in tools/go.mod, like buf. It runs from
 # the repository root (the package's file and script paths are relative
 # to it), so `go tool -n` gives the path of the binary it builds.
@@ -357,29 +357,42 @@ ARCH ?= $(shell go env GOARCH)
 # VERSION that is no x.y version (git describe of an untagged tree: a
 # commit) is 0.0.0+git.<commit>.
 PKG_VERSION := $(shell echo '$(VERSION)' | sed -E '/^v?[0-9]+\.[0-9]+/!s/^/0.0.0+git./; s/^v([0-9])/\1/; s/-/./g')
-PKG_BASE = $(DIST)/leasehold-node_$(PKG_VERSION)_$(ARCH)
+# One package per program, deploy/nfpm/leasehold-<service>.yaml: the node
+# agent, and the control-plane services with their units, run as the system
+# user leasehold (docs/install.md). leasehold-common holds what the control
+# plane shares (the user, /etc/leasehold/leasehold.env, /etc/leasehold/tls):
+# no binary, one package for every architecture (_all).
+PKG_SERVICES := node api gateway worker scheduler doctor site-agent
 
 .PHONY: packages check-packages
 
-# The binary is built like `make build` builds it (CGO_ENABLED=0, the same
-# flags but for the linker's -s -w, which strip it), so both share the
-# build cache: CI pays for compiling the agent once.
-## packages: leasehold-node for ARCH (amd64|arm64, default the host's), static, into dist/ with its .deb and .rpm [VERSION=x.y.z]
+# The binaries are built like `make build` builds them (CGO_ENABLED=0, the
+# same flags but for the linker's -s -w, which strip them), so both share
+# the build cache: CI pays for compiling the services once.
+## packages: leasehold-node, leasehold-{api,gateway,worker,scheduler,doctor,site-agent} for ARCH (amd64|arm64, default the host's), static, and leasehold-common, into dist/ as .deb and .rpm [VERSION=x.y.z]
 packages:
 	@set -e; mkdir -p $(DIST)/$(ARCH); \
-	echo "== leasehold-node $(VERSION) for linux/$(ARCH)"; \
-	(cd services/node && CGO_ENABLED=0 GOOS=linux GOARCH=$(ARCH) go build -ldflags '-s -w $(LDFLAGS)' -o $(DIST)/$(ARCH)/leasehold-node .); \
 	GOWORK=off go -C tools tool nfpm --version >/dev/null; \
 	nfpm=$$(GOWORK=off go -C tools tool -n nfpm); \
+	for s in $(PKG_SERVICES); do \
+		echo "== leasehold-$$s $(VERSION) for linux/$(ARCH)"; \
+		(cd services/$$s && CGO_ENABLED=0 GOOS=linux GOARCH=$(ARCH) go build -ldflags '-s -w $(LDFLAGS)' -o $(DIST)/$(ARCH)/leasehold-$$s .); \
+		for p in deb rpm; do \
+			LEASEHOLD_PKG_VERSION='$(PKG_VERSION)' LEASEHOLD_PKG_ARCH=$(ARCH) LEASEHOLD_PKG_BINARY=$(DIST)/$(ARCH)/leasehold-$$s \
+				$$nfpm package --config deploy/nfpm/leasehold-$$s.yaml --packager $$p --target $(DIST)/leasehold-$${s}_$(PKG_VERSION)_$(ARCH).$$p; \
+		done; \
+	done; \
+	echo "== leasehold-common $(VERSION)"; \
 	for p in deb rpm; do \
-		LEASEHOLD_PKG_VERSION='$(PKG_VERSION)' LEASEHOLD_PKG_ARCH=$(ARCH) LEASEHOLD_PKG_BINARY=$(DIST)/$(ARCH)/leasehold-node \
-			$$nfpm package --config deploy/nfpm/leasehold-node.yaml --packager $$p --target $(PKG_BASE).$$p; \
+		LEASEHOLD_PKG_VERSION='$(PKG_VERSION)' \
+			$$nfpm package --config deploy/nfpm/leasehold-common.yaml --packager $$p --target $(DIST)/leasehold-common_$(PKG_VERSION)_all.$$p; \
 	done
 
-## check-packages: build the amd64 packages and check them (deploy/nfpm/check.sh: contents, modes, static binary, node.env, systemd-analyze verify, maintainer scripts, rpm -qp)
+## check-packages: build the amd64 packages and check them: the node's (deploy/nfpm/check.sh: contents, modes, static binary, node.env, systemd-analyze verify, maintainer scripts, rpm -qp) and the control plane's (deploy/nfpm/check-control-plane.sh: the same, conffiles, the user leasehold, no start or enable, no file in two packages)
 check-packages:
 	@$(MAKE) --no-print-directory packages ARCH=amd64 VERSION='$(VERSION)'
 	deploy/nfpm/check.sh $(DIST)/leasehold-node_$(PKG_VERSION)_amd64.deb $(DIST)/leasehold-node_$(PKG_VERSION)_amd64.rpm amd64
+	deploy/nfpm/check-control-plane.sh $(DIST) '$(PKG_VERSION)' amd64
 
 ## check-packages-install: install the amd64 .deb into a fresh Debian chroot (debootstrap; needs root and Debian's mirror, 2-3 minutes, so not in CI): without and with systemd, conffile kept, remove and purge
 .PHONY: check-packages-install

@@ -15,10 +15,15 @@
 #                                           LICENSE, CHANGELOG.md and each
 #                                           binary's SBOM (BINARY.cdx.json)
 #   leasehold_X.Y.Z_linux_ARCH.tar.gz       that directory
-#   leasehold-node_X.Y.Z_ARCH.deb, .rpm     the node agent's packages
-#                                           (deploy/nfpm/leasehold-node.yaml)
+#   leasehold-SERVICE_X.Y.Z_ARCH.deb, .rpm  the packages of the node agent and
+#                                           of the control-plane services (api,
+#                                           gateway, worker, scheduler, doctor,
+#                                           site-agent): deploy/nfpm/leasehold-SERVICE.yaml
 #   ARTIFACT.cdx.json                       the CycloneDX SBOM of each archive
 #                                           and package
+#   leasehold-common_X.Y.Z_all.deb, .rpm    what the control-plane packages
+#                                           share (the user, leasehold.env):
+#                                           no binary, so no SBOM
 #   SHA256SUMS                              every file above (sha256sum -c)
 #
 # --quick (make check-release) builds and checks the binaries only: no
@@ -85,6 +90,9 @@ out=$(cd "$out" && pwd)
 
 # The services and the CLI, as `make build` lists them; the CLI is leasehold.
 services=(worker scheduler gateway api site-agent doctor node)
+# The services packaged as .deb and .rpm (deploy/nfpm/leasehold-SERVICE.yaml),
+# as `make packages` builds them.
+packaged=(node api gateway worker scheduler doctor site-agent)
 ldflags="-s -w -X github.com/leasehold/leasehold/pkg/buildinfo.version=$version -X github.com/leasehold/leasehold/pkg/buildinfo.revision=$revision"
 host_arch=$(go env GOARCH)
 
@@ -98,6 +106,7 @@ nfpm() {
 	GOWORK=off go -C "$root/tools" tool -n nfpm
 }
 
+[ $quick = 1 ] || nfpm_bin=$(nfpm)
 start=$SECONDS
 for arch in $arches; do
 	case $arch in
@@ -147,14 +156,28 @@ for arch in $arches; do
 		-C "$out" -cf - "$name" | gzip -n >"$out/$name.tar.gz"
 	sbom_archive -artifact "$out/$name.tar.gz" -version "$version" -out "$out/$name.tar.gz.cdx.json" "${sboms[@]}"
 
-	for p in deb rpm; do
-		pkg=$out/leasehold-node_${version}_$arch.$p
-		echo "== $(basename "$pkg")"
-		LEASEHOLD_PKG_VERSION=$pkg_version LEASEHOLD_PKG_ARCH=$arch LEASEHOLD_PKG_BINARY=$dir/leasehold-node \
-			"$(nfpm)" package --config deploy/nfpm/leasehold-node.yaml --packager "$p" --target "$pkg" >/dev/null
-		sbom_archive -artifact "$pkg" -version "$version" -out "$pkg.cdx.json" "$dir/leasehold-node.cdx.json"
+	for s in "${packaged[@]}"; do
+		for p in deb rpm; do
+			pkg=$out/leasehold-${s}_${version}_$arch.$p
+			echo "== $(basename "$pkg")"
+			LEASEHOLD_PKG_VERSION=$pkg_version LEASEHOLD_PKG_ARCH=$arch LEASEHOLD_PKG_BINARY=$dir/leasehold-$s \
+				"$nfpm_bin" package --config "deploy/nfpm/leasehold-$s.yaml" --packager "$p" --target "$pkg" >/dev/null
+			sbom_archive -artifact "$pkg" -version "$version" -out "$pkg.cdx.json" "$dir/leasehold-$s.cdx.json"
+		done
 	done
 done
+
+# leasehold-common: configuration and scripts, no binary, the same for
+# every architecture; tools/sbom/archive describes the binaries an artifact
+# holds, and this one holds none, so it has no SBOM (SHA256SUMS lists it).
+if [ $quick = 0 ]; then
+	for p in deb rpm; do
+		pkg=$out/leasehold-common_${version}_all.$p
+		echo "== $(basename "$pkg")"
+		LEASEHOLD_PKG_VERSION=$pkg_version \
+			"$nfpm_bin" package --config deploy/nfpm/leasehold-common.yaml --packager "$p" --target "$pkg" >/dev/null
+	done
+fi
 
 echo "== SHA256SUMS"
 (cd "$out" && find . -type f ! -name SHA256SUMS -printf '%P\n' | LC_ALL=C sort | xargs -d '\n' sha256sum >SHA256SUMS)
