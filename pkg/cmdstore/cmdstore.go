@@ -18,9 +18,15 @@ import (
 
 // LockNodeSQL checks a node and holds off its revocation (which takes FOR
 // UPDATE) until the command is in; it does not block the gateway's state
-// updates (FOR NO KEY UPDATE). It returns the node's state and
-// compute_now(), the clock a deadline is counted on.
-const LockNodeSQL = `SELECT state, compute_now() FROM nodes WHERE id = $1 FOR KEY SHARE`
+// updates (FOR NO KEY UPDATE). It returns the node's state, compute_now(),
+// the clock a deadline is counted on, and the node's pending commands
+// counted up to $2 (0 counts nothing: a caller without a queue cap pays
+// nothing for it; with a cap the count stops at the cap, so a full queue
+// costs as much as the cap, not as its length).
+const LockNodeSQL = `
+SELECT n.state, compute_now(),
+       (SELECT count(*) FROM (SELECT 1 FROM commands c WHERE c.node_id = n.id AND c.state = 'pending' LIMIT $2) q)
+  FROM nodes n WHERE n.id = $1 FOR KEY SHARE OF n`
 
 // InsertSQL inserts a command: $1 node, $2 kind, $3 payload, $4 deadline,
 // $5 idempotency key (NULL for none), $6 traceparent (NULL for none). A
@@ -86,10 +92,11 @@ func nullable(s string) *string {
 // (pkg/cmdwake) after its commit.
 func Insert(ctx context.Context, q pgdb.Querier, c Command) (Inserted, error) {
 	var (
-		state string
-		now   time.Time
+		state  string
+		now    time.Time
+		queued int
 	)
-	if err := q.QueryRow(ctx, LockNodeSQL, c.NodeID).Scan(&state, &now); errors.Is(err, pgx.ErrNoRows) {
+	if err := q.QueryRow(ctx, LockNodeSQL, c.NodeID, 0).Scan(&state, &now, &queued); errors.Is(err, pgx.ErrNoRows) {
 		return Inserted{}, fmt.Errorf("insert command for %s: %w", c.NodeID, ErrNodeNotFound)
 	} else if err != nil {
 		return Inserted{}, fmt.Errorf("lock node %s: %w", c.NodeID, err)

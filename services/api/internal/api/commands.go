@@ -93,16 +93,29 @@ func (h *Handler) CreateCommand(ctx context.Context, req *connect.Request[contro
 	resp := &controlv1.CreateCommandResponse{}
 	err = pgdb.InTx(ctx, h.db, func(tx pgx.Tx) error {
 		var (
-			state string
-			now   time.Time
+			state  string
+			now    time.Time
+			queued int
 		)
-		if err := tx.QueryRow(ctx, lockNodeForCommandSQL, m.GetNodeId()).Scan(&state, &now); errors.Is(err, pgx.ErrNoRows) {
+		if err := tx.QueryRow(ctx, lockNodeForCommandSQL, m.GetNodeId(), h.maxQueued).Scan(&state, &now, &queued); errors.Is(err, pgx.ErrNoRows) {
 			return notFound("node_id", "node", m.GetNodeId())
 		} else if err != nil {
 			return err
 		}
 		if state == "revoked" {
 			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node_id: node %q is revoked", m.GetNodeId()))
+		}
+		if h.maxQueued > 0 && queued >= h.maxQueued {
+			// A repeat of an idempotent create still gets its command.
+			if c.key != nil {
+				if cmd, _, err := scanCommand(tx.QueryRow(ctx, commandByKeySQL, m.GetNodeId(), *c.key)); err == nil {
+					return h.repeated(ctx, tx, m, payload, cmd, resp)
+				} else if !errors.Is(err, pgx.ErrNoRows) {
+					return err
+				}
+			}
+			return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf(
+				"node_id: node %q has %d commands queued already (--api.max-queued-per-node); retry once some have run", m.GetNodeId(), queued))
 		}
 		deadline := c.deadline
 		if c.timeout > 0 {
@@ -126,14 +139,7 @@ func (h *Handler) CreateCommand(ctx context.Context, req *connect.Request[contro
 		if err != nil {
 			return err
 		}
-		if cmd.GetKind() != m.GetKind() || !bytes.Equal(cmd.GetPayload(), payload) {
-			return connect.NewError(connect.CodeAlreadyExists, fmt.Errorf(
-				"idempotency_key: already used for command %s of node %q with another kind or payload", cmd.GetId(), m.GetNodeId()))
-		}
-		resp.Command = cmd
-		// A repeat of an idempotent create changes nothing.
-		return h.recordAudit(ctx, tx, auditEvent{Method: "CreateCommand", TargetKind: "command", TargetID: cmd.GetId(),
-			Outcome: outcomeUnchanged, Detail: map[string]any{"node_id": m.GetNodeId(), "kind": m.GetKind()}})
+		return h.repeated(ctx, tx, m, payload, cmd, resp)
 	})
 	if err != nil {
 		return nil, h.fail(ctx, "create command", err)
@@ -142,6 +148,19 @@ func (h *Handler) CreateCommand(ctx context.Context, req *connect.Request[contro
 		h.wake.Created(m.GetNodeId()) // after the commit: the gateways see the row
 	}
 	return connect.NewResponse(resp), nil
+}
+
+// repeated answers a CreateCommand whose idempotency key names cmd already:
+// the same kind and payload get cmd (created false, audited as unchanged:
+// a repeat changes nothing); other content is ALREADY_EXISTS.
+func (h *Handler) repeated(ctx context.Context, tx pgx.Tx, m *controlv1.CreateCommandRequest, payload []byte, cmd *controlv1.Command, resp *controlv1.CreateCommandResponse) error {
+	if cmd.GetKind() != m.GetKind() || !bytes.Equal(cmd.GetPayload(), payload) {
+		return connect.NewError(connect.CodeAlreadyExists, fmt.Errorf(
+			"idempotency_key: already used for command %s of node %q with another kind or payload", cmd.GetId(), m.GetNodeId()))
+	}
+	resp.Command = cmd
+	return h.recordAudit(ctx, tx, auditEvent{Method: "CreateCommand", TargetKind: "command", TargetID: cmd.GetId(),
+		Outcome: outcomeUnchanged, Detail: map[string]any{"node_id": m.GetNodeId(), "kind": m.GetKind()}})
 }
 
 // readCommand returns the command and its result (nil when none).

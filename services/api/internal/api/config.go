@@ -25,6 +25,13 @@ const (
 	// MinCommandTimeout and MaxCommandTimeout bound a command's life.
 	MinCommandTimeout = time.Second
 	MaxCommandTimeout = 7 * 24 * time.Hour
+	// DefaultMaxQueuedPerNode is --api.max-queued-per-node's default: far
+	// above what a node works through (its gateway keeps 32 in flight),
+	// far below what would slow the node's dispatch.
+	DefaultMaxQueuedPerNode = 1000
+	// maxQueuedPerNode bounds the flag: counting a full queue costs an
+	// index entry per queued command on every create for the node.
+	maxQueuedPerNode = 100000
 )
 
 // Config is the api service's configuration.
@@ -48,6 +55,9 @@ type Config struct {
 	// INVALID_ARGUMENT past it); at most MaxMessageBytes less 64 KiB of
 	// envelope.
 	MaxPayloadBytes int
+	// MaxQueuedPerNode refuses CreateCommand (RESOURCE_EXHAUSTED) for a
+	// node that already has this many commands pending; 0 turns it off.
+	MaxQueuedPerNode int
 	// DefaultCommandTimeout is a command's life when the request sets none.
 	DefaultCommandTimeout time.Duration
 	// WaitPollInterval is how often WaitCommand checks its commands when no
@@ -98,6 +108,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.Float64Var(&c.RateLimit, prefix+"api.rate-limit", 200, "calls per second each token may make to this replica (enrollment: each source address); past it RESOURCE_EXHAUSTED with Retry-After; 0 turns it off")
 	f.IntVar(&c.RateBurst, prefix+"api.rate-burst", 400, "calls a token may make at once above --api.rate-limit")
 	f.IntVar(&c.MaxPayloadBytes, prefix+"api.max-payload-bytes", maxPayloadBytes, "largest command payload accepted (a file.put's content travels in it, base64 in its JSON); at most --api.max-message-bytes less 64 KiB; the default is the gateways' default --gateway.max-message-bytes less 4 KiB of envelope, so raise both together")
+	f.IntVar(&c.MaxQueuedPerNode, prefix+"api.max-queued-per-node", DefaultMaxQueuedPerNode, "CreateCommand refuses (RESOURCE_EXHAUSTED) a command for a node with this many commands pending already: a runaway caller cannot pile unbounded work on one node, an offline one above all; 0 turns it off")
 	f.DurationVar(&c.DefaultCommandTimeout, prefix+"api.default-command-timeout", time.Hour, "life of a command created without deadline or timeout")
 	f.DurationVar(&c.WaitPollInterval, prefix+"api.wait-poll-interval", time.Second, "how often WaitCommand checks for finished commands when no notification comes (gateways NOTIFY when they finish commands)")
 	f.DurationVar(&c.ShutdownGrace, prefix+"api.shutdown-grace", 10*time.Second, "how long in-flight calls may finish on SIGTERM")
@@ -144,6 +155,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxPayloadBytes < 1024 || c.MaxPayloadBytes > c.MaxMessageBytes-64<<10 {
 		errs = append(errs, fmt.Errorf("--api.max-payload-bytes %d must be in 1024..--api.max-message-bytes less 64 KiB (%d)", c.MaxPayloadBytes, c.MaxMessageBytes-64<<10))
+	}
+	if c.MaxQueuedPerNode < 0 || c.MaxQueuedPerNode > maxQueuedPerNode {
+		errs = append(errs, fmt.Errorf("--api.max-queued-per-node %d must be in 0..%d (0: no cap)", c.MaxQueuedPerNode, maxQueuedPerNode))
 	}
 	if c.DefaultCommandTimeout < MinCommandTimeout || c.DefaultCommandTimeout > MaxCommandTimeout {
 		errs = append(errs, fmt.Errorf("--api.default-command-timeout %s must be in %s..%s", c.DefaultCommandTimeout, MinCommandTimeout, MaxCommandTimeout))

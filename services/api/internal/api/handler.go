@@ -35,6 +35,7 @@ type Handler struct {
 	wake           *cmdwake.Notifier
 	defaultTimeout time.Duration
 	maxPayload     int // --api.max-payload-bytes
+	maxQueued      int // --api.max-queued-per-node; 0: no cap
 	// sinkEgress judges sink URLs at creation (the worker judges the
 	// resolved address again at delivery).
 	sinkEgress egress.Policy

@@ -117,7 +117,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		}
 	}
 	s.handler = &Handler{db: deps.DB, reads: s.reads, log: log, waiter: s.waiter, wake: cmdwake.New(deps.DB, cmdwake.DefaultInterval, log),
-		defaultTimeout: cfg.DefaultCommandTimeout, maxPayload: cfg.MaxPayloadBytes, sinkEgress: cfg.SinkEgress, relay: relay}
+		defaultTimeout: cfg.DefaultCommandTimeout, maxPayload: cfg.MaxPayloadBytes, maxQueued: cfg.MaxQueuedPerNode, sinkEgress: cfg.SinkEgress, relay: relay}
 	m := newMetrics(deps.Registry, s.waiter)
 
 	otelInterceptor, err := newTraceInterceptor(deps.Tracer)
