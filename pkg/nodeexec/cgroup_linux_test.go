@@ -22,6 +22,7 @@ import (
 
 	"github.com/leasehold/leasehold/pkg/daemon"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
+	"github.com/leasehold/leasehold/pkg/proctest"
 )
 
 // selfCgroup is the "0::" path of process pid ("self" for this one).
@@ -280,7 +281,7 @@ func TestCgroupFallback(t *testing.T) {
 			err := CheckCgroups(cfg)
 			require.ErrorContains(t, err, tc.reason)
 
-			var logs syncBuffer
+			var logs proctest.Buffer
 			e, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
 			require.NoError(t, err)
 			t.Cleanup(e.Close)

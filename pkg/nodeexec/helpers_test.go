@@ -9,7 +9,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,35 +17,12 @@ import (
 
 	"github.com/leasehold/leasehold/pkg/daemon"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
+	"github.com/leasehold/leasehold/pkg/proctest"
 )
-
-// syncBuffer is a live output stream as the daemon would send it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *syncBuffer) Bytes() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Clone(b.buf.Bytes())
-}
 
 // run is one Handle call with its live output.
 type run struct {
-	stdout, stderr syncBuffer
+	stdout, stderr proctest.Buffer
 	done           chan daemon.Outcome
 	cancel         context.CancelFunc
 }

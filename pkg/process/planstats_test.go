@@ -1,13 +1,11 @@
 package process_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/leasehold/leasehold/pkg/lifecycle"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 	"github.com/leasehold/leasehold/pkg/process"
+	"github.com/leasehold/leasehold/pkg/proctest"
 )
 
 // TestGenericPlansKeepStatisticsFresh: a process whose pool plans
@@ -59,24 +58,6 @@ func TestGenericPlansKeepStatisticsFresh(t *testing.T) {
 	require.Contains(t, string(out), `"table":"grown"`)
 }
 
-// syncBuffer is a log sink safe for a component's goroutine.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestPlanStatsPassesOnTheProcessClock is about logic, on an injected
 // clock: the plan-statistics component looks for stale tables at each tick
 // of its period on the process clock, not before. Its log lines carry the
@@ -98,7 +79,7 @@ func TestPlanStatsPassesOnTheProcessClock(t *testing.T) {
 	}, 30*time.Second, 20*time.Millisecond, "the statistics system counted the rows")
 
 	clock := clockwork.NewFakeClock()
-	var logs syncBuffer
+	var logs proctest.Buffer
 	logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
 		if a.Key == slog.TimeKey {
 			return slog.Time(slog.TimeKey, clock.Now())

@@ -98,6 +98,13 @@ func (b *Buffer) String() string {
 	return b.buf.String()
 }
 
+// Bytes returns a copy of what is kept.
+func (b *Buffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Clone(b.buf.Bytes())
+}
+
 // Start runs bin with args and extra environment. The process is killed
 // when the test ends if it is still running; its output is logged on failure.
 func Start(t testing.TB, name, bin string, env []string, args ...string) *Proc {

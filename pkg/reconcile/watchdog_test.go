@@ -1,7 +1,6 @@
 package reconcile_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
@@ -18,27 +17,10 @@ import (
 	"github.com/leasehold/leasehold/pkg/coord"
 	"github.com/leasehold/leasehold/pkg/health"
 	"github.com/leasehold/leasehold/pkg/pgtest"
+	"github.com/leasehold/leasehold/pkg/proctest"
 	"github.com/leasehold/leasehold/pkg/queue"
 	"github.com/leasehold/leasehold/pkg/reconcile"
 )
-
-// syncBuffer is a log sink safe for the runtime's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestStalledReconcilerSelfReleases: a reconcile stuck past SelfReleaseAfter
 // makes the process release every lease and fail /livez; another process
@@ -60,7 +42,7 @@ func TestStalledReconcilerSelfReleases(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	cfg := fastConfig()
 	cfg.SelfReleaseAfter = 10 * time.Second
-	var logs syncBuffer
+	var logs proctest.Buffer
 	// Polling only: the liveness session and LISTEN would run timers of
 	// their own; the renewal loop's ticker and the watchdog's are the ones
 	// this test drives.
