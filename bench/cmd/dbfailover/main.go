@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/leasehold/leasehold/bench/internal/fleet"
@@ -94,10 +95,16 @@ func main() {
 		fmt.Fprintln(os.Stderr, "dbfailover: -nodes, -rate and -outage must be positive")
 		os.Exit(2)
 	}
-	stopAll := func() {}
-	ctx, cancel := harness.SignalContext(func() { stopAll() })
+	// stopAll is set by each scenario as it starts and read by the signal
+	// handler, from another goroutine.
+	var stopAll atomic.Pointer[func()]
+	ctx, cancel := harness.SignalContext(func() {
+		if kill := stopAll.Load(); kill != nil {
+			(*kill)()
+		}
+	})
 	defer cancel()
-	res, err := runAll(ctx, c, func(kill func()) { stopAll = kill })
+	res, err := runAll(ctx, c, func(kill func()) { stopAll.Store(&kill) })
 	if err != nil {
 		os.Exit(2)
 	}
