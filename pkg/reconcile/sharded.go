@@ -86,6 +86,10 @@ func (rt *Runtime) runSharded(ctx context.Context, s Sharded, loop *health.Loop)
 		if rt.stalledOut() {
 			return
 		}
+		// Taken before the shards are read: a pass that changes them while
+		// this iteration claims has closed it by the wait below, which then
+		// returns at once instead of after a whole poll.
+		changed := rt.renewer.Changed()
 		shards := rt.renewer.Shards(s.Group)
 		var items []queue.Item
 		if len(shards) > 0 {
@@ -117,7 +121,7 @@ func (rt *Runtime) runSharded(ctx context.Context, s Sharded, loop *health.Loop)
 		select {
 		case <-ctx.Done():
 			return
-		case <-rt.renewer.Changed():
+		case <-changed:
 		case <-rt.clock.After(poll):
 		}
 	}
