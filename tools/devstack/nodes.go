@@ -105,6 +105,8 @@ func nodeChildren(o options, logger *slog.Logger, gatewayAddr string, nodes []de
 			"--label", "dev=true", "--tunnel.shell", "/bin/sh", "--file.roots", files,
 			// A dev stack restarts its services in a second, not a minute.
 			"--redial-backoff-max", "2s",
+			// Never --allow-reboot: docs/api.md's examples, which the
+			// devstack test runs, send this machine's dev node a reboot.
 		}
 		out = append(out, &child{name: n.id, path: filepath.Join(o.bin, "leasehold-node"), args: args,
 			env: os.Environ(), policy: o.restart, logger: logger})

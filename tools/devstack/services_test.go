@@ -133,8 +133,9 @@ func TestDevstackRestartsAKilledServiceAndStopsCleanly(t *testing.T) {
 	}
 	apiPort, gwPort := freePort(t), freePort(t)
 	cliConfig := filepath.Join(t.TempDir(), "leasehold", "config.yaml")
+	stackDir := t.TempDir()
 	p := proctest.Start(t, "devstack", bin, []string{"LEASEHOLD_DATABASE_URL=" + directURL(t, db), "LEASEHOLD_CONFIG=" + cliConfig},
-		"-bin", binDir, "-dir", t.TempDir(), "-restart-backoff", "100ms", "-restart-backoff-max", "2s",
+		"-bin", binDir, "-dir", stackDir, "-restart-backoff", "100ms", "-restart-backoff-max", "2s",
 		"-api-port", fmt.Sprint(apiPort), "-gateway-port", fmt.Sprint(gwPort))
 	require.Eventually(t, func() bool { return strings.Contains(p.Logs(), "leasehold is running") || p.Exited() },
 		3*time.Minute, 100*time.Millisecond)
@@ -149,6 +150,7 @@ func TestDevstackRestartsAKilledServiceAndStopsCleanly(t *testing.T) {
 	require.NotEqual(t, "127.0.0.1:9101", workerHealth)
 	require.Equal(t, 2, strings.Count(logs, `msg="dev node joined"`), logs)
 	runOnDevNode(t, apiPort)
+	runCommandKindExamples(t, apiPort, stackDir)
 	// The quick start's CLI line works as printed: make run wrote the
 	// context dev.
 	require.Contains(t, logs, "bin/leasehold run dev-node-1 -- uname -a")
