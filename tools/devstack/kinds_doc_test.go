@@ -31,7 +31,9 @@ func runCommandKindExamples(t *testing.T, apiPort int, stackDir string) {
 	open := strings.Index(text, "\n```sh\n")
 	require.GreaterOrEqual(t, open, 0, "no sh block in \"Command kinds\"")
 	block := text[open+len("\n```sh\n"):]
-	block = block[:strings.Index(block, "\n```\n")]
+	end := strings.Index(block, "\n```\n")
+	require.GreaterOrEqual(t, end, 0, "the sh block of \"Command kinds\" does not end")
+	block = block[:end]
 	for old, repl := range map[string]string{
 		"http://127.0.0.1:8080/":        fmt.Sprintf("http://127.0.0.1:%d/", apiPort),
 		"'$PWD'/.dev/nodes/dev-node-1/": "'" + stackDir + "'/nodes/dev-node-1/",
