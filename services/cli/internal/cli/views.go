@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -186,7 +188,11 @@ func (a *app) auditCommand() *cobra.Command {
 					detail := "-"
 					if e.GetDetail() != nil {
 						if b, err := e.GetDetail().MarshalJSON(); err == nil {
-							detail = string(b)
+							// protojson's spacing is deliberately unstable: compact it.
+							var c bytes.Buffer
+							if json.Compact(&c, b) == nil {
+								detail = c.String()
+							}
 						}
 					}
 					r = append(r, timestamp(e.GetAt()), detail)
