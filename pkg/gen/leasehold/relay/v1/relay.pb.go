@@ -14,8 +14,8 @@
 package relayv1
 
 import (
-	v1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
-	v11 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
+	v11 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
+	v1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -30,17 +30,154 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type WatchOutputRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node_id is the node the command runs on.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// command_id is the command whose output to relay.
+	CommandId     string `protobuf:"bytes,2,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchOutputRequest) Reset() {
+	*x = WatchOutputRequest{}
+	mi := &file_leasehold_relay_v1_relay_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchOutputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchOutputRequest) ProtoMessage() {}
+
+func (x *WatchOutputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_relay_v1_relay_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchOutputRequest.ProtoReflect.Descriptor instead.
+func (*WatchOutputRequest) Descriptor() ([]byte, []int) {
+	return file_leasehold_relay_v1_relay_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *WatchOutputRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *WatchOutputRequest) GetCommandId() string {
+	if x != nil {
+		return x.CommandId
+	}
+	return ""
+}
+
+type WatchOutputResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// watching is set on the first response only: every piece the gateway
+	// reads from now on is relayed.
+	Watching bool `protobuf:"varint,1,opt,name=watching,proto3" json:"watching,omitempty"`
+	// offset is the byte offset of data in the command's output (both
+	// streams together), or with end the offset after its last byte.
+	Offset int64 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	// stream is the stream data came from.
+	Stream v1.OutputStream `protobuf:"varint,3,opt,name=stream,proto3,enum=leasehold.node.v1.OutputStream" json:"stream,omitempty"`
+	// data is one piece of output, as the node sent it.
+	Data []byte `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	// end says the command's result reached the gateway: no more output.
+	End           bool `protobuf:"varint,5,opt,name=end,proto3" json:"end,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchOutputResponse) Reset() {
+	*x = WatchOutputResponse{}
+	mi := &file_leasehold_relay_v1_relay_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchOutputResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchOutputResponse) ProtoMessage() {}
+
+func (x *WatchOutputResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_leasehold_relay_v1_relay_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchOutputResponse.ProtoReflect.Descriptor instead.
+func (*WatchOutputResponse) Descriptor() ([]byte, []int) {
+	return file_leasehold_relay_v1_relay_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *WatchOutputResponse) GetWatching() bool {
+	if x != nil {
+		return x.Watching
+	}
+	return false
+}
+
+func (x *WatchOutputResponse) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *WatchOutputResponse) GetStream() v1.OutputStream {
+	if x != nil {
+		return x.Stream
+	}
+	return v1.OutputStream(0)
+}
+
+func (x *WatchOutputResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *WatchOutputResponse) GetEnd() bool {
+	if x != nil {
+		return x.End
+	}
+	return false
+}
+
 // RelayOpen is the first request of RelayTunnel.
 type RelayOpen struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// node_id is the node to open the tunnel to.
 	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// target is what to connect to on the node.
-	Target *v1.TunnelTarget `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
+	Target *v11.TunnelTarget `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
 	// actor is the api caller, for the gateway's logs.
 	Actor string `protobuf:"bytes,3,opt,name=actor,proto3" json:"actor,omitempty"`
 	// terminal_size and term are the caller's (control.v1.TunnelOpen).
-	TerminalSize *v11.TerminalSize `protobuf:"bytes,4,opt,name=terminal_size,json=terminalSize,proto3" json:"terminal_size,omitempty"`
+	TerminalSize *v1.TerminalSize `protobuf:"bytes,4,opt,name=terminal_size,json=terminalSize,proto3" json:"terminal_size,omitempty"`
 	// term is the caller's TERM.
 	Term          string `protobuf:"bytes,5,opt,name=term,proto3" json:"term,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -49,7 +186,7 @@ type RelayOpen struct {
 
 func (x *RelayOpen) Reset() {
 	*x = RelayOpen{}
-	mi := &file_leasehold_relay_v1_relay_proto_msgTypes[0]
+	mi := &file_leasehold_relay_v1_relay_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -61,7 +198,7 @@ func (x *RelayOpen) String() string {
 func (*RelayOpen) ProtoMessage() {}
 
 func (x *RelayOpen) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_relay_v1_relay_proto_msgTypes[0]
+	mi := &file_leasehold_relay_v1_relay_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -74,7 +211,7 @@ func (x *RelayOpen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayOpen.ProtoReflect.Descriptor instead.
 func (*RelayOpen) Descriptor() ([]byte, []int) {
-	return file_leasehold_relay_v1_relay_proto_rawDescGZIP(), []int{0}
+	return file_leasehold_relay_v1_relay_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RelayOpen) GetNodeId() string {
@@ -84,7 +221,7 @@ func (x *RelayOpen) GetNodeId() string {
 	return ""
 }
 
-func (x *RelayOpen) GetTarget() *v1.TunnelTarget {
+func (x *RelayOpen) GetTarget() *v11.TunnelTarget {
 	if x != nil {
 		return x.Target
 	}
@@ -98,7 +235,7 @@ func (x *RelayOpen) GetActor() string {
 	return ""
 }
 
-func (x *RelayOpen) GetTerminalSize() *v11.TerminalSize {
+func (x *RelayOpen) GetTerminalSize() *v1.TerminalSize {
 	if x != nil {
 		return x.TerminalSize
 	}
@@ -120,14 +257,14 @@ type RelayTunnelRequest struct {
 	// data is bytes for the target.
 	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
 	// resize is the caller's new terminal size.
-	Resize        *v11.TerminalSize `protobuf:"bytes,3,opt,name=resize,proto3" json:"resize,omitempty"`
+	Resize        *v1.TerminalSize `protobuf:"bytes,3,opt,name=resize,proto3" json:"resize,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RelayTunnelRequest) Reset() {
 	*x = RelayTunnelRequest{}
-	mi := &file_leasehold_relay_v1_relay_proto_msgTypes[1]
+	mi := &file_leasehold_relay_v1_relay_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -139,7 +276,7 @@ func (x *RelayTunnelRequest) String() string {
 func (*RelayTunnelRequest) ProtoMessage() {}
 
 func (x *RelayTunnelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_relay_v1_relay_proto_msgTypes[1]
+	mi := &file_leasehold_relay_v1_relay_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -152,7 +289,7 @@ func (x *RelayTunnelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayTunnelRequest.ProtoReflect.Descriptor instead.
 func (*RelayTunnelRequest) Descriptor() ([]byte, []int) {
-	return file_leasehold_relay_v1_relay_proto_rawDescGZIP(), []int{1}
+	return file_leasehold_relay_v1_relay_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RelayTunnelRequest) GetOpen() *RelayOpen {
@@ -169,7 +306,7 @@ func (x *RelayTunnelRequest) GetData() []byte {
 	return nil
 }
 
-func (x *RelayTunnelRequest) GetResize() *v11.TerminalSize {
+func (x *RelayTunnelRequest) GetResize() *v1.TerminalSize {
 	if x != nil {
 		return x.Resize
 	}
@@ -180,20 +317,20 @@ func (x *RelayTunnelRequest) GetResize() *v11.TerminalSize {
 type RelayTunnelResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// opened is the first response, once the daemon has attached.
-	Opened *v1.TunnelOpened `protobuf:"bytes,1,opt,name=opened,proto3" json:"opened,omitempty"`
+	Opened *v11.TunnelOpened `protobuf:"bytes,1,opt,name=opened,proto3" json:"opened,omitempty"`
 	// data is bytes from the target.
 	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
 	// eof says the target will send nothing more.
 	Eof bool `protobuf:"varint,3,opt,name=eof,proto3" json:"eof,omitempty"`
 	// shell_exit says how a shell ended (from the node).
-	ShellExit     *v11.ShellExit `protobuf:"bytes,4,opt,name=shell_exit,json=shellExit,proto3" json:"shell_exit,omitempty"`
+	ShellExit     *v1.ShellExit `protobuf:"bytes,4,opt,name=shell_exit,json=shellExit,proto3" json:"shell_exit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RelayTunnelResponse) Reset() {
 	*x = RelayTunnelResponse{}
-	mi := &file_leasehold_relay_v1_relay_proto_msgTypes[2]
+	mi := &file_leasehold_relay_v1_relay_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -205,7 +342,7 @@ func (x *RelayTunnelResponse) String() string {
 func (*RelayTunnelResponse) ProtoMessage() {}
 
 func (x *RelayTunnelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_leasehold_relay_v1_relay_proto_msgTypes[2]
+	mi := &file_leasehold_relay_v1_relay_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -218,10 +355,10 @@ func (x *RelayTunnelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayTunnelResponse.ProtoReflect.Descriptor instead.
 func (*RelayTunnelResponse) Descriptor() ([]byte, []int) {
-	return file_leasehold_relay_v1_relay_proto_rawDescGZIP(), []int{2}
+	return file_leasehold_relay_v1_relay_proto_rawDescGZIP(), []int{4}
 }
 
-func (x *RelayTunnelResponse) GetOpened() *v1.TunnelOpened {
+func (x *RelayTunnelResponse) GetOpened() *v11.TunnelOpened {
 	if x != nil {
 		return x.Opened
 	}
@@ -242,7 +379,7 @@ func (x *RelayTunnelResponse) GetEof() bool {
 	return false
 }
 
-func (x *RelayTunnelResponse) GetShellExit() *v11.ShellExit {
+func (x *RelayTunnelResponse) GetShellExit() *v1.ShellExit {
 	if x != nil {
 		return x.ShellExit
 	}
@@ -253,7 +390,17 @@ var File_leasehold_relay_v1_relay_proto protoreflect.FileDescriptor
 
 const file_leasehold_relay_v1_relay_proto_rawDesc = "" +
 	"\n" +
-	"\x1eleasehold/relay/v1/relay.proto\x12\x12leasehold.relay.v1\x1a\"leasehold/control/v1/control.proto\x1a\x1dleasehold/node/v1/kinds.proto\"\xd0\x01\n" +
+	"\x1eleasehold/relay/v1/relay.proto\x12\x12leasehold.relay.v1\x1a\"leasehold/control/v1/control.proto\x1a\x1dleasehold/node/v1/kinds.proto\x1a\x1cleasehold/node/v1/node.proto\"L\n" +
+	"\x12WatchOutputRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
+	"\n" +
+	"command_id\x18\x02 \x01(\tR\tcommandId\"\xa8\x01\n" +
+	"\x13WatchOutputResponse\x12\x1a\n" +
+	"\bwatching\x18\x01 \x01(\bR\bwatching\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x03R\x06offset\x127\n" +
+	"\x06stream\x18\x03 \x01(\x0e2\x1f.leasehold.node.v1.OutputStreamR\x06stream\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\x12\x10\n" +
+	"\x03end\x18\x05 \x01(\bR\x03end\"\xd0\x01\n" +
 	"\tRelayOpen\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12:\n" +
 	"\x06target\x18\x02 \x01(\v2\".leasehold.control.v1.TunnelTargetR\x06target\x12\x14\n" +
@@ -269,9 +416,10 @@ const file_leasehold_relay_v1_relay_proto_rawDesc = "" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x10\n" +
 	"\x03eof\x18\x03 \x01(\bR\x03eof\x12;\n" +
 	"\n" +
-	"shell_exit\x18\x04 \x01(\v2\x1c.leasehold.node.v1.ShellExitR\tshellExit2y\n" +
+	"shell_exit\x18\x04 \x01(\v2\x1c.leasehold.node.v1.ShellExitR\tshellExit2\xdb\x01\n" +
 	"\x13GatewayRelayService\x12b\n" +
-	"\vRelayTunnel\x12&.leasehold.relay.v1.RelayTunnelRequest\x1a'.leasehold.relay.v1.RelayTunnelResponse(\x010\x01B\xd1\x01\n" +
+	"\vRelayTunnel\x12&.leasehold.relay.v1.RelayTunnelRequest\x1a'.leasehold.relay.v1.RelayTunnelResponse(\x010\x01\x12`\n" +
+	"\vWatchOutput\x12&.leasehold.relay.v1.WatchOutputRequest\x1a'.leasehold.relay.v1.WatchOutputResponse0\x01B\xd1\x01\n" +
 	"\x16com.leasehold.relay.v1B\n" +
 	"RelayProtoP\x01ZAgithub.com/leasehold/leasehold/pkg/gen/leasehold/relay/v1;relayv1\xa2\x02\x03LRX\xaa\x02\x12Leasehold.Relay.V1\xca\x02\x12Leasehold\\Relay\\V1\xe2\x02\x1eLeasehold\\Relay\\V1\\GPBMetadata\xea\x02\x14Leasehold::Relay::V1b\x06proto3"
 
@@ -287,30 +435,36 @@ func file_leasehold_relay_v1_relay_proto_rawDescGZIP() []byte {
 	return file_leasehold_relay_v1_relay_proto_rawDescData
 }
 
-var file_leasehold_relay_v1_relay_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_leasehold_relay_v1_relay_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_leasehold_relay_v1_relay_proto_goTypes = []any{
-	(*RelayOpen)(nil),           // 0: leasehold.relay.v1.RelayOpen
-	(*RelayTunnelRequest)(nil),  // 1: leasehold.relay.v1.RelayTunnelRequest
-	(*RelayTunnelResponse)(nil), // 2: leasehold.relay.v1.RelayTunnelResponse
-	(*v1.TunnelTarget)(nil),     // 3: leasehold.control.v1.TunnelTarget
-	(*v11.TerminalSize)(nil),    // 4: leasehold.node.v1.TerminalSize
-	(*v1.TunnelOpened)(nil),     // 5: leasehold.control.v1.TunnelOpened
-	(*v11.ShellExit)(nil),       // 6: leasehold.node.v1.ShellExit
+	(*WatchOutputRequest)(nil),  // 0: leasehold.relay.v1.WatchOutputRequest
+	(*WatchOutputResponse)(nil), // 1: leasehold.relay.v1.WatchOutputResponse
+	(*RelayOpen)(nil),           // 2: leasehold.relay.v1.RelayOpen
+	(*RelayTunnelRequest)(nil),  // 3: leasehold.relay.v1.RelayTunnelRequest
+	(*RelayTunnelResponse)(nil), // 4: leasehold.relay.v1.RelayTunnelResponse
+	(v1.OutputStream)(0),        // 5: leasehold.node.v1.OutputStream
+	(*v11.TunnelTarget)(nil),    // 6: leasehold.control.v1.TunnelTarget
+	(*v1.TerminalSize)(nil),     // 7: leasehold.node.v1.TerminalSize
+	(*v11.TunnelOpened)(nil),    // 8: leasehold.control.v1.TunnelOpened
+	(*v1.ShellExit)(nil),        // 9: leasehold.node.v1.ShellExit
 }
 var file_leasehold_relay_v1_relay_proto_depIdxs = []int32{
-	3, // 0: leasehold.relay.v1.RelayOpen.target:type_name -> leasehold.control.v1.TunnelTarget
-	4, // 1: leasehold.relay.v1.RelayOpen.terminal_size:type_name -> leasehold.node.v1.TerminalSize
-	0, // 2: leasehold.relay.v1.RelayTunnelRequest.open:type_name -> leasehold.relay.v1.RelayOpen
-	4, // 3: leasehold.relay.v1.RelayTunnelRequest.resize:type_name -> leasehold.node.v1.TerminalSize
-	5, // 4: leasehold.relay.v1.RelayTunnelResponse.opened:type_name -> leasehold.control.v1.TunnelOpened
-	6, // 5: leasehold.relay.v1.RelayTunnelResponse.shell_exit:type_name -> leasehold.node.v1.ShellExit
-	1, // 6: leasehold.relay.v1.GatewayRelayService.RelayTunnel:input_type -> leasehold.relay.v1.RelayTunnelRequest
-	2, // 7: leasehold.relay.v1.GatewayRelayService.RelayTunnel:output_type -> leasehold.relay.v1.RelayTunnelResponse
-	7, // [7:8] is the sub-list for method output_type
-	6, // [6:7] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	5, // 0: leasehold.relay.v1.WatchOutputResponse.stream:type_name -> leasehold.node.v1.OutputStream
+	6, // 1: leasehold.relay.v1.RelayOpen.target:type_name -> leasehold.control.v1.TunnelTarget
+	7, // 2: leasehold.relay.v1.RelayOpen.terminal_size:type_name -> leasehold.node.v1.TerminalSize
+	2, // 3: leasehold.relay.v1.RelayTunnelRequest.open:type_name -> leasehold.relay.v1.RelayOpen
+	7, // 4: leasehold.relay.v1.RelayTunnelRequest.resize:type_name -> leasehold.node.v1.TerminalSize
+	8, // 5: leasehold.relay.v1.RelayTunnelResponse.opened:type_name -> leasehold.control.v1.TunnelOpened
+	9, // 6: leasehold.relay.v1.RelayTunnelResponse.shell_exit:type_name -> leasehold.node.v1.ShellExit
+	3, // 7: leasehold.relay.v1.GatewayRelayService.RelayTunnel:input_type -> leasehold.relay.v1.RelayTunnelRequest
+	0, // 8: leasehold.relay.v1.GatewayRelayService.WatchOutput:input_type -> leasehold.relay.v1.WatchOutputRequest
+	4, // 9: leasehold.relay.v1.GatewayRelayService.RelayTunnel:output_type -> leasehold.relay.v1.RelayTunnelResponse
+	1, // 10: leasehold.relay.v1.GatewayRelayService.WatchOutput:output_type -> leasehold.relay.v1.WatchOutputResponse
+	9, // [9:11] is the sub-list for method output_type
+	7, // [7:9] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_leasehold_relay_v1_relay_proto_init() }
@@ -324,7 +478,7 @@ func file_leasehold_relay_v1_relay_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_leasehold_relay_v1_relay_proto_rawDesc), len(file_leasehold_relay_v1_relay_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

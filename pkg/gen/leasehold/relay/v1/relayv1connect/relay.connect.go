@@ -42,6 +42,9 @@ const (
 	// GatewayRelayServiceRelayTunnelProcedure is the fully-qualified name of the GatewayRelayService's
 	// RelayTunnel RPC.
 	GatewayRelayServiceRelayTunnelProcedure = "/leasehold.relay.v1.GatewayRelayService/RelayTunnel"
+	// GatewayRelayServiceWatchOutputProcedure is the fully-qualified name of the GatewayRelayService's
+	// WatchOutput RPC.
+	GatewayRelayServiceWatchOutputProcedure = "/leasehold.relay.v1.GatewayRelayService/WatchOutput"
 )
 
 // GatewayRelayServiceClient is a client for the leasehold.relay.v1.GatewayRelayService service.
@@ -51,6 +54,14 @@ type GatewayRelayServiceClient interface {
 	// response says the tunnel is open; then data flows both ways. The api
 	// half-closes by closing its send side, the gateway with eof.
 	RelayTunnel(context.Context) *connect.BidiStreamForClient[v1.RelayTunnelRequest, v1.RelayTunnelResponse]
+	// WatchOutput relays a command's live output as this gateway reads it
+	// from the node, whole, past the part the database keeps. The first
+	// response has watching set once the gateway relays; pieces follow in the
+	// node's order; the last response has end set, with the offset after the
+	// command's last byte, once the command's result reached the gateway. A
+	// watcher that falls too far behind is ended RESOURCE_EXHAUSTED; the end
+	// of the node's session ends it UNAVAILABLE.
+	WatchOutput(context.Context, *connect.Request[v1.WatchOutputRequest]) (*connect.ServerStreamForClient[v1.WatchOutputResponse], error)
 }
 
 // NewGatewayRelayServiceClient constructs a client for the leasehold.relay.v1.GatewayRelayService
@@ -70,17 +81,29 @@ func NewGatewayRelayServiceClient(httpClient connect.HTTPClient, baseURL string,
 			connect.WithSchema(gatewayRelayServiceMethods.ByName("RelayTunnel")),
 			connect.WithClientOptions(opts...),
 		),
+		watchOutput: connect.NewClient[v1.WatchOutputRequest, v1.WatchOutputResponse](
+			httpClient,
+			baseURL+GatewayRelayServiceWatchOutputProcedure,
+			connect.WithSchema(gatewayRelayServiceMethods.ByName("WatchOutput")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // gatewayRelayServiceClient implements GatewayRelayServiceClient.
 type gatewayRelayServiceClient struct {
 	relayTunnel *connect.Client[v1.RelayTunnelRequest, v1.RelayTunnelResponse]
+	watchOutput *connect.Client[v1.WatchOutputRequest, v1.WatchOutputResponse]
 }
 
 // RelayTunnel calls leasehold.relay.v1.GatewayRelayService.RelayTunnel.
 func (c *gatewayRelayServiceClient) RelayTunnel(ctx context.Context) *connect.BidiStreamForClient[v1.RelayTunnelRequest, v1.RelayTunnelResponse] {
 	return c.relayTunnel.CallBidiStream(ctx)
+}
+
+// WatchOutput calls leasehold.relay.v1.GatewayRelayService.WatchOutput.
+func (c *gatewayRelayServiceClient) WatchOutput(ctx context.Context, req *connect.Request[v1.WatchOutputRequest]) (*connect.ServerStreamForClient[v1.WatchOutputResponse], error) {
+	return c.watchOutput.CallServerStream(ctx, req)
 }
 
 // GatewayRelayServiceHandler is an implementation of the leasehold.relay.v1.GatewayRelayService
@@ -91,6 +114,14 @@ type GatewayRelayServiceHandler interface {
 	// response says the tunnel is open; then data flows both ways. The api
 	// half-closes by closing its send side, the gateway with eof.
 	RelayTunnel(context.Context, *connect.BidiStream[v1.RelayTunnelRequest, v1.RelayTunnelResponse]) error
+	// WatchOutput relays a command's live output as this gateway reads it
+	// from the node, whole, past the part the database keeps. The first
+	// response has watching set once the gateway relays; pieces follow in the
+	// node's order; the last response has end set, with the offset after the
+	// command's last byte, once the command's result reached the gateway. A
+	// watcher that falls too far behind is ended RESOURCE_EXHAUSTED; the end
+	// of the node's session ends it UNAVAILABLE.
+	WatchOutput(context.Context, *connect.Request[v1.WatchOutputRequest], *connect.ServerStream[v1.WatchOutputResponse]) error
 }
 
 // NewGatewayRelayServiceHandler builds an HTTP handler from the service implementation. It returns
@@ -106,10 +137,18 @@ func NewGatewayRelayServiceHandler(svc GatewayRelayServiceHandler, opts ...conne
 		connect.WithSchema(gatewayRelayServiceMethods.ByName("RelayTunnel")),
 		connect.WithHandlerOptions(opts...),
 	)
+	gatewayRelayServiceWatchOutputHandler := connect.NewServerStreamHandler(
+		GatewayRelayServiceWatchOutputProcedure,
+		svc.WatchOutput,
+		connect.WithSchema(gatewayRelayServiceMethods.ByName("WatchOutput")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/leasehold.relay.v1.GatewayRelayService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case GatewayRelayServiceRelayTunnelProcedure:
 			gatewayRelayServiceRelayTunnelHandler.ServeHTTP(w, r)
+		case GatewayRelayServiceWatchOutputProcedure:
+			gatewayRelayServiceWatchOutputHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -121,4 +160,8 @@ type UnimplementedGatewayRelayServiceHandler struct{}
 
 func (UnimplementedGatewayRelayServiceHandler) RelayTunnel(context.Context, *connect.BidiStream[v1.RelayTunnelRequest, v1.RelayTunnelResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.relay.v1.GatewayRelayService.RelayTunnel is not implemented"))
+}
+
+func (UnimplementedGatewayRelayServiceHandler) WatchOutput(context.Context, *connect.Request[v1.WatchOutputRequest], *connect.ServerStream[v1.WatchOutputResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("leasehold.relay.v1.GatewayRelayService.WatchOutput is not implemented"))
 }

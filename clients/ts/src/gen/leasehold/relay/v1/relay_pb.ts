@@ -15,13 +15,90 @@ import type { TunnelOpened, TunnelTarget } from "../../control/v1/control_pb.js"
 import { file_leasehold_control_v1_control } from "../../control/v1/control_pb.js";
 import type { ShellExit, TerminalSize } from "../../node/v1/kinds_pb.js";
 import { file_leasehold_node_v1_kinds } from "../../node/v1/kinds_pb.js";
+import type { OutputStream } from "../../node/v1/node_pb.js";
+import { file_leasehold_node_v1_node } from "../../node/v1/node_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file leasehold/relay/v1/relay.proto.
  */
 export const file_leasehold_relay_v1_relay: GenFile = /*@__PURE__*/
-  fileDesc("Ch5sZWFzZWhvbGQvcmVsYXkvdjEvcmVsYXkucHJvdG8SEmxlYXNlaG9sZC5yZWxheS52MSKlAQoJUmVsYXlPcGVuEg8KB25vZGVfaWQYASABKAkSMgoGdGFyZ2V0GAIgASgLMiIubGVhc2Vob2xkLmNvbnRyb2wudjEuVHVubmVsVGFyZ2V0Eg0KBWFjdG9yGAMgASgJEjYKDXRlcm1pbmFsX3NpemUYBCABKAsyHy5sZWFzZWhvbGQubm9kZS52MS5UZXJtaW5hbFNpemUSDAoEdGVybRgFIAEoCSKAAQoSUmVsYXlUdW5uZWxSZXF1ZXN0EisKBG9wZW4YASABKAsyHS5sZWFzZWhvbGQucmVsYXkudjEuUmVsYXlPcGVuEgwKBGRhdGEYAiABKAwSLwoGcmVzaXplGAMgASgLMh8ubGVhc2Vob2xkLm5vZGUudjEuVGVybWluYWxTaXplIpYBChNSZWxheVR1bm5lbFJlc3BvbnNlEjIKBm9wZW5lZBgBIAEoCzIiLmxlYXNlaG9sZC5jb250cm9sLnYxLlR1bm5lbE9wZW5lZBIMCgRkYXRhGAIgASgMEgsKA2VvZhgDIAEoCBIwCgpzaGVsbF9leGl0GAQgASgLMhwubGVhc2Vob2xkLm5vZGUudjEuU2hlbGxFeGl0MnkKE0dhdGV3YXlSZWxheVNlcnZpY2USYgoLUmVsYXlUdW5uZWwSJi5sZWFzZWhvbGQucmVsYXkudjEuUmVsYXlUdW5uZWxSZXF1ZXN0GicubGVhc2Vob2xkLnJlbGF5LnYxLlJlbGF5VHVubmVsUmVzcG9uc2UoATABYgZwcm90bzM", [file_leasehold_control_v1_control, file_leasehold_node_v1_kinds]);
+  fileDesc("Ch5sZWFzZWhvbGQvcmVsYXkvdjEvcmVsYXkucHJvdG8SEmxlYXNlaG9sZC5yZWxheS52MSI5ChJXYXRjaE91dHB1dFJlcXVlc3QSDwoHbm9kZV9pZBgBIAEoCRISCgpjb21tYW5kX2lkGAIgASgJIoMBChNXYXRjaE91dHB1dFJlc3BvbnNlEhAKCHdhdGNoaW5nGAEgASgIEg4KBm9mZnNldBgCIAEoAxIvCgZzdHJlYW0YAyABKA4yHy5sZWFzZWhvbGQubm9kZS52MS5PdXRwdXRTdHJlYW0SDAoEZGF0YRgEIAEoDBILCgNlbmQYBSABKAgipQEKCVJlbGF5T3BlbhIPCgdub2RlX2lkGAEgASgJEjIKBnRhcmdldBgCIAEoCzIiLmxlYXNlaG9sZC5jb250cm9sLnYxLlR1bm5lbFRhcmdldBINCgVhY3RvchgDIAEoCRI2Cg10ZXJtaW5hbF9zaXplGAQgASgLMh8ubGVhc2Vob2xkLm5vZGUudjEuVGVybWluYWxTaXplEgwKBHRlcm0YBSABKAkigAEKElJlbGF5VHVubmVsUmVxdWVzdBIrCgRvcGVuGAEgASgLMh0ubGVhc2Vob2xkLnJlbGF5LnYxLlJlbGF5T3BlbhIMCgRkYXRhGAIgASgMEi8KBnJlc2l6ZRgDIAEoCzIfLmxlYXNlaG9sZC5ub2RlLnYxLlRlcm1pbmFsU2l6ZSKWAQoTUmVsYXlUdW5uZWxSZXNwb25zZRIyCgZvcGVuZWQYASABKAsyIi5sZWFzZWhvbGQuY29udHJvbC52MS5UdW5uZWxPcGVuZWQSDAoEZGF0YRgCIAEoDBILCgNlb2YYAyABKAgSMAoKc2hlbGxfZXhpdBgEIAEoCzIcLmxlYXNlaG9sZC5ub2RlLnYxLlNoZWxsRXhpdDLbAQoTR2F0ZXdheVJlbGF5U2VydmljZRJiCgtSZWxheVR1bm5lbBImLmxlYXNlaG9sZC5yZWxheS52MS5SZWxheVR1bm5lbFJlcXVlc3QaJy5sZWFzZWhvbGQucmVsYXkudjEuUmVsYXlUdW5uZWxSZXNwb25zZSgBMAESYAoLV2F0Y2hPdXRwdXQSJi5sZWFzZWhvbGQucmVsYXkudjEuV2F0Y2hPdXRwdXRSZXF1ZXN0GicubGVhc2Vob2xkLnJlbGF5LnYxLldhdGNoT3V0cHV0UmVzcG9uc2UwAWIGcHJvdG8z", [file_leasehold_control_v1_control, file_leasehold_node_v1_kinds, file_leasehold_node_v1_node]);
+
+/**
+ * @generated from message leasehold.relay.v1.WatchOutputRequest
+ */
+export type WatchOutputRequest = Message<"leasehold.relay.v1.WatchOutputRequest"> & {
+  /**
+   * node_id is the node the command runs on.
+   *
+   * @generated from field: string node_id = 1;
+   */
+  nodeId: string;
+
+  /**
+   * command_id is the command whose output to relay.
+   *
+   * @generated from field: string command_id = 2;
+   */
+  commandId: string;
+};
+
+/**
+ * Describes the message leasehold.relay.v1.WatchOutputRequest.
+ * Use `create(WatchOutputRequestSchema)` to create a new message.
+ */
+export const WatchOutputRequestSchema: GenMessage<WatchOutputRequest> = /*@__PURE__*/
+  messageDesc(file_leasehold_relay_v1_relay, 0);
+
+/**
+ * @generated from message leasehold.relay.v1.WatchOutputResponse
+ */
+export type WatchOutputResponse = Message<"leasehold.relay.v1.WatchOutputResponse"> & {
+  /**
+   * watching is set on the first response only: every piece the gateway
+   * reads from now on is relayed.
+   *
+   * @generated from field: bool watching = 1;
+   */
+  watching: boolean;
+
+  /**
+   * offset is the byte offset of data in the command's output (both
+   * streams together), or with end the offset after its last byte.
+   *
+   * @generated from field: int64 offset = 2;
+   */
+  offset: bigint;
+
+  /**
+   * stream is the stream data came from.
+   *
+   * @generated from field: leasehold.node.v1.OutputStream stream = 3;
+   */
+  stream: OutputStream;
+
+  /**
+   * data is one piece of output, as the node sent it.
+   *
+   * @generated from field: bytes data = 4;
+   */
+  data: Uint8Array;
+
+  /**
+   * end says the command's result reached the gateway: no more output.
+   *
+   * @generated from field: bool end = 5;
+   */
+  end: boolean;
+};
+
+/**
+ * Describes the message leasehold.relay.v1.WatchOutputResponse.
+ * Use `create(WatchOutputResponseSchema)` to create a new message.
+ */
+export const WatchOutputResponseSchema: GenMessage<WatchOutputResponse> = /*@__PURE__*/
+  messageDesc(file_leasehold_relay_v1_relay, 1);
 
 /**
  * RelayOpen is the first request of RelayTunnel.
@@ -70,7 +147,7 @@ export type RelayOpen = Message<"leasehold.relay.v1.RelayOpen"> & {
  * Use `create(RelayOpenSchema)` to create a new message.
  */
 export const RelayOpenSchema: GenMessage<RelayOpen> = /*@__PURE__*/
-  messageDesc(file_leasehold_relay_v1_relay, 0);
+  messageDesc(file_leasehold_relay_v1_relay, 2);
 
 /**
  * RelayTunnelRequest is one message of RelayTunnel from the api.
@@ -105,7 +182,7 @@ export type RelayTunnelRequest = Message<"leasehold.relay.v1.RelayTunnelRequest"
  * Use `create(RelayTunnelRequestSchema)` to create a new message.
  */
 export const RelayTunnelRequestSchema: GenMessage<RelayTunnelRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_relay_v1_relay, 1);
+  messageDesc(file_leasehold_relay_v1_relay, 3);
 
 /**
  * RelayTunnelResponse is one message of RelayTunnel to the api.
@@ -147,7 +224,7 @@ export type RelayTunnelResponse = Message<"leasehold.relay.v1.RelayTunnelRespons
  * Use `create(RelayTunnelResponseSchema)` to create a new message.
  */
 export const RelayTunnelResponseSchema: GenMessage<RelayTunnelResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_relay_v1_relay, 2);
+  messageDesc(file_leasehold_relay_v1_relay, 4);
 
 /**
  * GatewayRelayService is served by every gateway that relays tunnels.
@@ -167,6 +244,22 @@ export const GatewayRelayService: GenService<{
     methodKind: "bidi_streaming";
     input: typeof RelayTunnelRequestSchema;
     output: typeof RelayTunnelResponseSchema;
+  },
+  /**
+   * WatchOutput relays a command's live output as this gateway reads it
+   * from the node, whole, past the part the database keeps. The first
+   * response has watching set once the gateway relays; pieces follow in the
+   * node's order; the last response has end set, with the offset after the
+   * command's last byte, once the command's result reached the gateway. A
+   * watcher that falls too far behind is ended RESOURCE_EXHAUSTED; the end
+   * of the node's session ends it UNAVAILABLE.
+   *
+   * @generated from rpc leasehold.relay.v1.GatewayRelayService.WatchOutput
+   */
+  watchOutput: {
+    methodKind: "server_streaming";
+    input: typeof WatchOutputRequestSchema;
+    output: typeof WatchOutputResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_leasehold_relay_v1_relay, 0);
