@@ -146,6 +146,8 @@ type Gateway struct {
 	// and not yet answered, over all sessions; queuedOutputPeak its
 	// highest value (output.go).
 	queuedOutput, queuedOutputPeak atomic.Int64
+	// watchers are the WatchOutput calls relaying live output (watch.go).
+	watchers outputWatchers
 }
 
 // New builds a gateway; it listens and takes its lease when started.
@@ -181,7 +183,7 @@ func New(cfg Config, deps Deps) (_ *Gateway, err error) {
 	}
 	m := newMetrics(deps.Registry)
 	g := &Gateway{
-		cfg: cfg, id: deps.ID, db: deps.DB, keeperDB: keeperDB, notifyURL: deps.NotifyURL, log: deps.Logger, clock: deps.Clock, m: m,
+		cfg: cfg, id: deps.ID, db: deps.DB, keeperDB: keeperDB, notifyURL: deps.NotifyURL, log: deps.Logger, clock: deps.Clock, m: m, watchers: outputWatchers{clock: deps.Clock},
 		helloSlots:    helloSlotsFor(cfg.MaxPendingHellos, deps.DB.Config().MaxConns),
 		limiter:       rate.NewLimiter(rate.Limit(cfg.HelloRate), cfg.HelloBurst),
 		auths:         semaphore.NewWeighted(int64(cfg.MaxPendingAuths)),
@@ -194,6 +196,9 @@ func New(cfg Config, deps Deps) (_ *Gateway, err error) {
 		minDaemonVersion: buildinfo.Release(cfg.MinDaemonVersion),
 	}
 	g.helloRun = semaphore.NewWeighted(g.helloSlots)
+	deps.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "leasehold_gateway_output_watchers", Help: "WatchOutput calls open now (the api's live readers of output past the stored cap).",
+	}, func() float64 { return float64(g.watchers.n.Load()) }))
 	if g.helloSlots < int64(cfg.MaxPendingHellos) {
 		g.log.Info("Hello transactions capped at half the connection pool", "max_pending_hellos", cfg.MaxPendingHellos,
 			"db_max_conns", deps.DB.Config().MaxConns, "hello_slots", g.helloSlots)

@@ -134,6 +134,7 @@ func (g *Gateway) serveSession(ctx context.Context, stream *connect.BidiStream[n
 	}
 	reason := s.finish()
 	g.killTunnelsOf(s, "stream closed")
+	g.watchers.endSession(s)
 	g.mu.Lock()
 	mine := g.sessions[s.nodeID] == s
 	if mine {
@@ -239,6 +240,9 @@ func (g *Gateway) handleResult(ctx context.Context, s *session, r *nodev1.Comman
 		strings.ContainsRune(r.GetCommandId(), 0) || strings.ContainsRune(r.GetResultId(), 0) {
 		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("command_result.command_id and result_id must be 1..%d bytes without NUL", maxIDLen))
 	}
+	// Every piece of its output was read before the result: its watchers
+	// have had all of it.
+	g.watchers.finish(s, r.GetCommandId(), s.outputFinished(r.GetCommandId()))
 	if s.answered(r.GetCommandId()) {
 		// Its window was full: dispatch may send the node the next one
 		// while this result commits.

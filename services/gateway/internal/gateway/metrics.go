@@ -36,6 +36,8 @@ type metrics struct {
 	tunnelsRefused  *prometheus.CounterVec
 	tunnelsIdle     prometheus.Counter
 	tunnelBytes     *prometheus.CounterVec
+	outputRelayed   prometheus.Counter
+	watchersLagged  prometheus.Counter
 	role            *health.RoleGauge
 }
 
@@ -133,11 +135,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		tunnelBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leasehold_gateway_tunnel_bytes_total", Help: "Tunnel bytes relayed, by direction (to_node, from_node).",
 		}, []string{"direction"}),
+		outputRelayed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leasehold_gateway_output_relayed_bytes_total", Help: "Live output past --gateway.output-cap relayed to WatchOutput callers (the api's live readers).",
+		}),
+		watchersLagged: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leasehold_gateway_output_watchers_lagged_total", Help: "WatchOutput calls ended because their reader fell behind the node for longer than the stall bound.",
+		}),
 	}
 	reg.MustRegister(m.streams, m.sessions, m.hellos, m.pushbacks, m.dispatched, m.replayed, m.dispatchLatency, m.dispatchCall, m.windowFull, m.ingestBatch, m.ingestFlush,
 		m.fenceFailures, m.selfFences, m.zombies, m.renewLatency, m.results, m.events, m.specPushes)
 	reg.MustRegister(m.outputBytes, m.cancels, m.helloRefusals, m.clockSkew, m.nodeSkewMax, m.ingestRetries)
-	reg.MustRegister(m.tunnelsOpen, m.tunnelsOpened, m.tunnelsRefused, m.tunnelsIdle, m.tunnelBytes)
+	reg.MustRegister(m.tunnelsOpen, m.tunnelsOpened, m.tunnelsRefused, m.tunnelsIdle, m.tunnelBytes, m.outputRelayed, m.watchersLagged)
 	m.role = health.NewRoleGauge(reg, "gateway")
 	return m
 }

@@ -41,6 +41,15 @@ func (g *Gateway) handleOutput(ctx context.Context, s *session, o *nodev1.Comman
 	if len(o.GetData()) == 0 {
 		return nil
 	}
+	s.outputRead(o.GetCommandId(), o.GetOffset()+int64(len(o.GetData())))
+	if past := o.GetOffset() + int64(len(o.GetData())) - g.cfg.OutputCap; past > 0 {
+		// The part not stored goes to the command's live watchers.
+		p := o
+		if skip := int64(len(o.GetData())) - past; skip > 0 {
+			p = &nodev1.CommandOutput{CommandId: o.GetCommandId(), Offset: o.GetOffset() + skip, Stream: o.GetStream(), Data: o.GetData()[skip:]}
+		}
+		g.watchers.publish(ctx, s, p)
+	}
 	it := &ingestItem{kind: ingestOutput, s: s, command: o.GetCommandId(), offset: o.GetOffset(),
 		stream: outputStreams[o.GetStream()], output: o.GetData()}
 	if capped := g.cfg.OutputCap; it.offset+int64(len(it.output)) > capped {

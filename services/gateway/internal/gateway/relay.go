@@ -132,7 +132,7 @@ func (g *Gateway) startRelay(ctx context.Context) error {
 		return nil
 	}
 	mux := http.NewServeMux()
-	path, h := relayv1connect.NewGatewayRelayServiceHandler(g, connect.WithReadMaxBytes(2*maxTunnelChunk), connect.WithSendMaxBytes(2*maxTunnelChunk),
+	path, h := relayv1connect.NewGatewayRelayServiceHandler(g, connect.WithReadMaxBytes(2*maxTunnelChunk), connect.WithSendMaxBytes(max(2*maxTunnelChunk, maxOutputPiece+4096)),
 		connect.WithCompressMinBytes(math.MaxInt)) // tunnel bytes are relayed as they are
 	mux.Handle(path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := g.relayAuth.check(r); err != nil {

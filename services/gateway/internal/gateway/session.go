@@ -74,6 +74,11 @@ type session struct {
 	// inflight holds the commands sent (or queued to send) on this
 	// session that the node has not answered with a result.
 	inflight map[string]struct{}
+	// outputEnd is the offset after the last output byte read per
+	// command; finishedOutput the same for commands whose result was read
+	// (bounded; watch.go).
+	outputEnd, finishedOutput map[string]int64
+
 	writing  bool
 	writerCh chan struct{} // closed when the current writer exits
 	closed   bool
