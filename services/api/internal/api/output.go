@@ -86,6 +86,15 @@ func (h *Handler) StreamCommandOutput(ctx context.Context, req *connect.Request[
 	defer poll.Stop()
 	limit := time.NewTimer(maxStreamDuration)
 	defer limit.Stop()
+	var (
+		live     *liveOutput // outputlive.go
+		liveNext time.Time
+	)
+	defer func() {
+		if live != nil {
+			live.cancel()
+		}
+	}()
 	for {
 		var done bool
 		err := h.db.QueryRow(ctx, outputDoneSQL, id, outputUnconfirmedGrace.Seconds()).Scan(&done)
@@ -95,13 +104,30 @@ func (h *Handler) StreamCommandOutput(ctx context.Context, req *connect.Request[
 		if err != nil {
 			return h.fail(ctx, "stream command output", err)
 		}
-		sent, truncated, next, err := h.sendOutput(ctx, stream, id, offset)
+		// Watch before reading, so no relayed piece falls between the
+		// stored output and the live one.
+		if live == nil && !done && h.relay != nil && !time.Now().Before(liveNext) {
+			live, liveNext = h.watchLive(ctx, id), time.Now().Add(liveRetry)
+		}
+		sent, truncated, next, err := h.sendOutput(ctx, stream, id, offset, live == nil)
 		if err != nil {
 			return err
 		}
 		offset = next
+		if truncated && live != nil {
+			return h.followLive(ctx, stream, id, offset, live, wake, poll.C, limit.C)
+		}
 		if truncated || (done && sent == 0) {
 			return nil
+		}
+		if sent == 0 && live != nil && offset > 0 {
+			past, err := h.pastMarker(ctx, id, offset)
+			if err != nil {
+				return h.fail(ctx, "stream command output", err)
+			}
+			if past {
+				return h.followLive(ctx, stream, id, offset, live, wake, poll.C, limit.C)
+			}
 		}
 		if sent == outputPage {
 			continue // more is stored
@@ -123,9 +149,9 @@ func (h *Handler) StreamCommandOutput(ctx context.Context, req *connect.Request[
 }
 
 // sendOutput sends one page of stored output from offset and returns how
-// many rows it read, whether it sent the truncation marker, and the offset
-// after what it sent.
-func (h *Handler) sendOutput(ctx context.Context, stream *connect.ServerStream[controlv1.StreamCommandOutputResponse], id string, offset int64) (int, bool, int64, error) {
+// many rows it read, whether it reached the truncation marker (sent only
+// with sendMarker), and the offset after what it sent.
+func (h *Handler) sendOutput(ctx context.Context, stream *connect.ServerStream[controlv1.StreamCommandOutputResponse], id string, offset int64, sendMarker bool) (int, bool, int64, error) {
 	rows, err := h.db.Query(ctx, outputChunksSQL, id, offset, outputPage, outputPieceMax)
 	if err != nil {
 		return 0, false, offset, h.fail(ctx, "stream command output", err)
@@ -144,6 +170,9 @@ func (h *Handler) sendOutput(ctx context.Context, stream *connect.ServerStream[c
 	}
 	for _, p := range pieces {
 		if p.stream == "truncated" {
+			if !sendMarker {
+				return len(pieces), true, offset, nil
+			}
 			if err := stream.Send(&controlv1.StreamCommandOutputResponse{Offset: p.off, Truncated: true}); err != nil {
 				return 0, false, offset, err
 			}

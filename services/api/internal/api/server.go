@@ -142,6 +142,13 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		connect.NewBidiStreamHandler(controlv1connect.ControlServiceOpenTunnelProcedure, s.handler.OpenTunnel,
 			connect.WithSchema(controlv1.File_leasehold_control_v1_control_proto.Services().ByName("ControlService").Methods().ByName("OpenTunnel")),
 			connect.WithHandlerOptions(handlerOpts...), connect.WithCompressMinBytes(math.MaxInt))))
+	// StreamCommandOutput too: gzip would cost the api more CPU per byte
+	// than everything else on the live path (docs/decisions.md, "Live
+	// output past the stored cap").
+	mux.Handle(controlv1connect.ControlServiceStreamCommandOutputProcedure, authenticateFirst(auth, m, lim, int64(cfg.MaxMessageBytes),
+		connect.NewServerStreamHandler(controlv1connect.ControlServiceStreamCommandOutputProcedure, s.handler.StreamCommandOutput,
+			connect.WithSchema(controlv1.File_leasehold_control_v1_control_proto.Services().ByName("ControlService").Methods().ByName("StreamCommandOutput")),
+			connect.WithHandlerOptions(handlerOpts...), connect.WithCompressMinBytes(math.MaxInt))))
 	// EnrollmentService beside it, without the bearer-token interceptor:
 	// its calls authenticate with what they carry (enroll.go).
 	enrollPath, enroll := enrollv1connect.NewEnrollmentServiceHandler(s.handler,
