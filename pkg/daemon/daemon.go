@@ -98,8 +98,9 @@ type Config struct {
 	// before it is sent (100 ms).
 	OutputFlush time.Duration
 	// MaxOutputBytes is how much live output of one command the daemon
-	// sends at most (8 MiB); keep it above the gateway's
-	// --gateway.output-cap, which is where truncation is marked.
+	// sends at most (256 MiB); keep it above the gateway's
+	// --gateway.output-cap, which is where the stored output ends: the
+	// gateway relays the rest to live readers only.
 	MaxOutputBytes int64
 	// MaxUnsentOutput bounds the live output kept while no session is open
 	// (1 MiB); past it pieces are dropped and counted in Stats.
@@ -204,7 +205,7 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	def(&cfg.OutputFlush, 100*time.Millisecond)
 	if cfg.MaxOutputBytes <= 0 {
-		cfg.MaxOutputBytes = 8 << 20
+		cfg.MaxOutputBytes = 256 << 20
 	}
 	if cfg.MaxUnsentOutput <= 0 {
 		cfg.MaxUnsentOutput = 1 << 20

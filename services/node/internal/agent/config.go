@@ -68,7 +68,7 @@ func (c *Config) RegisterFlags(f *flag.FlagSet) {
 	c.TLS.RegisterFlags("", f)
 	f.DurationVar(&c.BackoffMax, "redial-backoff-max", 60*time.Second, "upper bound of the redial back-off")
 	f.IntVar(&c.MaxMessageBytes, "max-message-bytes", 4<<20, "largest message read from the gateway (a command and its payload); at least the gateway's --gateway.max-message-bytes")
-	f.Int64Var(&c.MaxOutputBytes, "output.max-bytes", 8<<20, "live output of one command sent at most (stdout and stderr together); above the gateway's --gateway.output-cap")
+	f.Int64Var(&c.MaxOutputBytes, "output.max-bytes", 256<<20, "live output of one command sent at most (stdout and stderr together): the gateway stores its first --gateway.output-cap bytes and relays all of it to live readers")
 	f.Var(&c.TunnelPorts, "tunnel.ports", "comma-separated loopback TCP ports operators may forward to (default none)")
 	f.StringVar(&c.TunnelShell, "tunnel.shell", "", `shell run by shell tunnels, e.g. "/bin/bash -l" (default: shell tunnels refused)`)
 	f.StringVar(&c.TunnelShellUser, "tunnel.shell-user", "", "user the tunnel shell runs as (default: the agent's user)")
