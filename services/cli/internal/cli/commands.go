@@ -182,8 +182,9 @@ func (a *app) logsCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "logs COMMAND|RUN",
 		Short: "Print a command's output, or every node's output of a run (stdout to stdout, stderr to stderr)",
-		Long: `Print the live output a command's node stored (StreamCommandOutput from offset
-0): what is there now, or with -f everything until the command has ended.
+		Long: `Print a command's output (StreamCommandOutput from offset 0): what is stored
+now, or with -f everything until the command has ended, including what the
+node's gateway relays live past the stored part.
 Given a run, print the output of each of its nodes' commands, each line
 prefixed by its node, node after node; with -f follow the run as
 leasehold run does, until the run has ended and every output is read.`,
