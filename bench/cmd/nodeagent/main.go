@@ -13,12 +13,13 @@
 //   - output: one command writing -output-bytes (head -c N /dev/urandom, or
 //     /dev/zero with -output-source zero) read by a live
 //     StreamCommandOutput reader opened right after the create, once
-//     through a gateway with the default --gateway.output-cap and agent
-//     --output.max-bytes, once with both raised to -big-cap: bytes the
-//     reader got, MiB/s first to last byte, what PostgreSQL holds
-//     afterwards, and the CPU, WAL and statements it cost. Target: the
-//     whole output reaches a live reader at >= 50 MiB/s while PostgreSQL
-//     keeps only a bounded tail.
+//     through a gateway with the default --gateway.output-cap (the first
+//     MiB stored, the rest relayed live from the gateway) and the agent's
+//     default --output.max-bytes, once with both raised to -big-cap
+//     (everything stored): bytes the reader got, MiB/s first to last byte,
+//     what PostgreSQL holds afterwards, and the CPU, WAL and statements it
+//     cost. Target: the whole output reaches a live reader at >= 50 MiB/s
+//     while PostgreSQL keeps only a bounded part.
 //
 // Two gateways and two agents run: agent 0 on gateway 0 (default caps), on
 // which idle and exec are measured, and agent 1 on gateway 1 (caps raised),
@@ -286,8 +287,15 @@ func startStack(ctx context.Context, c config, sup *harness.Supervisor, dir stri
 	if err := os.WriteFile(tokens, []byte("admin:"+s.token+"\n"), 0o600); err != nil {
 		return s, err
 	}
+	// The gateways relay live output past their stored cap to the api
+	// (as they relay tunnels), authenticated by a shared token.
+	relayToken := filepath.Join(dir, "relay-token")
+	if err := os.WriteFile(relayToken, []byte(hex.EncodeToString(b)+"-relay\n"), 0o600); err != nil {
+		return s, err
+	}
 	apiAddr := harness.FreeAddr()
-	if s.api, err = sup.Start("api-1", bins["api"], nil, append(common("api-1"), "--listen-addr", apiAddr, "--tokens-file", tokens)...); err != nil {
+	if s.api, err = sup.Start("api-1", bins["api"], nil, append(common("api-1"), "--listen-addr", apiAddr, "--tokens-file", tokens,
+		"--api.relay-token-file", relayToken)...); err != nil {
 		return s, err
 	}
 	if err := s.api.WaitReady(ctx, 60*time.Second); err != nil {
@@ -304,7 +312,7 @@ func startStack(ctx context.Context, c config, sup *harness.Supervisor, dir stri
 	for i := range 2 {
 		name := fmt.Sprintf("gw-%d", i)
 		listen := harness.FreeAddr()
-		args := append(common(name), "--listen-addr", listen)
+		args := append(common(name), "--listen-addr", listen, "--gateway.relay-listen-addr", harness.FreeAddr(), "--gateway.relay-token-file", relayToken)
 		agentArgs := []string{}
 		if i == 1 && c.bigCap > 0 {
 			args = append(args, "--gateway.output-cap", strconv.FormatInt(c.bigCap, 10))
@@ -591,7 +599,7 @@ func waitTerminal(ctx context.Context, s *stack, id string) (*controlv1.WaitComm
 
 func measureOutput(ctx context.Context, c config, s *stack, agent int, label string) (*outputResult, error) {
 	node := s.nodeIDs[agent]
-	r := &outputResult{Label: label, GatewayCap: 1 << 20, AgentMax: 8 << 20, Written: c.outputBytes, Source: c.outputSource, LoadStart: harness.LoadAvg()}
+	r := &outputResult{Label: label, GatewayCap: 1 << 20, AgentMax: 256 << 20, Written: c.outputBytes, Source: c.outputSource, LoadStart: harness.LoadAvg()}
 	if agent == 1 {
 		r.GatewayCap, r.AgentMax = c.bigCap, c.bigCap
 	}
