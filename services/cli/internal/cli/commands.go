@@ -212,7 +212,7 @@ leasehold run does, until the run has ended and every output is read.`,
 					stop = res.Msg.GetCommand().GetOutputBytes()
 				}
 			}
-			_, truncated, err := s.streamOutput(ctx, args[0], 0, stop, func(st nodev1.OutputStream, b []byte) {
+			end, truncated, err := s.streamOutput(ctx, args[0], 0, stop, func(st nodev1.OutputStream, b []byte) {
 				if st == nodev1.OutputStream_OUTPUT_STREAM_STDERR {
 					_, _ = a.stderr.Write(b)
 				} else {
@@ -226,7 +226,7 @@ leasehold run does, until the run has ended and every output is read.`,
 				return err
 			}
 			if truncated {
-				_, _ = fmt.Fprintln(a.stderr, "leasehold: the output was truncated at the gateway's cap")
+				_, _ = fmt.Fprintln(a.stderr, "leasehold: "+notKept(end))
 			}
 			return nil
 		},
@@ -262,7 +262,7 @@ func (a *app) runLogs(ctx context.Context, s *session, run *controlv1.GetRunResp
 		if !terminal(res.Msg.GetCommand().GetState()) {
 			stop = res.Msg.GetCommand().GetOutputBytes()
 		}
-		_, truncated, err := s.streamOutput(ctx, id, 0, stop, func(st nodev1.OutputStream, b []byte) { sink.write(node, st, b) })
+		end, truncated, err := s.streamOutput(ctx, id, 0, stop, func(st nodev1.OutputStream, b []byte) { sink.write(node, st, b) })
 		sink.done(node)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -271,11 +271,17 @@ func (a *app) runLogs(ctx context.Context, s *session, run *controlv1.GetRunResp
 			return err
 		}
 		if truncated {
-			sink.write(node, nodev1.OutputStream_OUTPUT_STREAM_STDERR, []byte("(output truncated at the gateway's cap)\n"))
+			sink.write(node, nodev1.OutputStream_OUTPUT_STREAM_STDERR, []byte("("+notKept(end)+")\n"))
 			sink.done(node)
 		}
 	}
 	return nil
+}
+
+// notKept says that a command's output from byte end on was not kept: past
+// what the database stores, and not followed live from the start.
+func notKept(end int64) string {
+	return fmt.Sprintf("output from byte %d on was not kept (the database keeps the first --gateway.output-cap bytes; the rest reaches readers that follow the command as it runs)", end)
 }
 
 // streamOutput reads a command's output from offset and hands each piece

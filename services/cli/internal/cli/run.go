@@ -278,13 +278,13 @@ func (s *session) followRun(ctx context.Context, runID string, sink outputSink) 
 		followed[id] = true
 		node := n.GetNodeId()
 		wg.Go(func() {
-			_, truncated, err := s.streamOutput(ctx, id, 0, -1, func(st nodev1.OutputStream, b []byte) { sink.write(node, st, b) })
+			end, truncated, err := s.streamOutput(ctx, id, 0, -1, func(st nodev1.OutputStream, b []byte) { sink.write(node, st, b) })
 			sink.done(node)
 			switch {
 			case err != nil && ctx.Err() == nil:
 				sink.write(node, nodev1.OutputStream_OUTPUT_STREAM_STDERR, []byte("leasehold: output of command "+id+": "+errorLine(err)+"\n"))
 			case truncated:
-				sink.write(node, nodev1.OutputStream_OUTPUT_STREAM_STDERR, []byte("(output truncated at the gateway's cap)\n"))
+				sink.write(node, nodev1.OutputStream_OUTPUT_STREAM_STDERR, []byte("("+notKept(end)+")\n"))
 			}
 			sink.done(node)
 		})
