@@ -369,7 +369,7 @@ PKG_SERVICES := node api gateway worker scheduler doctor site-agent
 # The binaries are built like `make build` builds them (CGO_ENABLED=0, the
 # same flags but for the linker's -s -w, which strip them), so both share
 # the build cache: CI pays for compiling the services once.
-## packages: leasehold-node, leasehold-{api,gateway,worker,scheduler,doctor,site-agent} for ARCH (amd64|arm64, default the host's), static, and leasehold-common, into dist/ as .deb and .rpm [VERSION=x.y.z]
+## packages: leasehold-node, leasehold-{api,gateway,worker,scheduler,doctor,site-agent} and leasehold (the CLI, with its shell completions) for ARCH (amd64|arm64, default the host's), static, and leasehold-common, into dist/ as .deb and .rpm [VERSION=x.y.z]
 packages:
 	@set -e; mkdir -p $(DIST)/$(ARCH); \
 	GOWORK=off go -C tools tool nfpm --version >/dev/null; \
@@ -382,17 +382,31 @@ packages:
 				$$nfpm package --config deploy/nfpm/leasehold-$$s.yaml --packager $$p --target $(DIST)/leasehold-$${s}_$(PKG_VERSION)_$(ARCH).$$p; \
 		done; \
 	done; \
+	echo "== leasehold (the CLI) $(VERSION) for linux/$(ARCH)"; \
+	(cd services/cli && CGO_ENABLED=0 GOOS=linux GOARCH=$(ARCH) go build -ldflags '-s -w $(LDFLAGS)' -o $(DIST)/$(ARCH)/leasehold .); \
+	mkdir -p $(DIST)/$(ARCH)/completions; \
+	(cd services/cli && go build -o $(DIST)/leasehold-host .); \
+	$(DIST)/leasehold-host completion bash > $(DIST)/$(ARCH)/completions/leasehold.bash; \
+	$(DIST)/leasehold-host completion zsh > $(DIST)/$(ARCH)/completions/_leasehold; \
+	$(DIST)/leasehold-host completion fish > $(DIST)/$(ARCH)/completions/leasehold.fish; \
+	rm -f $(DIST)/leasehold-host; \
+	for p in deb rpm; do \
+		LEASEHOLD_PKG_VERSION='$(PKG_VERSION)' LEASEHOLD_PKG_ARCH=$(ARCH) LEASEHOLD_PKG_BINARY=$(DIST)/$(ARCH)/leasehold \
+			LEASEHOLD_PKG_COMPLETIONS=$(DIST)/$(ARCH)/completions \
+			$$nfpm package --config deploy/nfpm/leasehold.yaml --packager $$p --target $(DIST)/leasehold_$(PKG_VERSION)_$(ARCH).$$p; \
+	done; \
 	echo "== leasehold-common $(VERSION)"; \
 	for p in deb rpm; do \
 		LEASEHOLD_PKG_VERSION='$(PKG_VERSION)' \
 			$$nfpm package --config deploy/nfpm/leasehold-common.yaml --packager $$p --target $(DIST)/leasehold-common_$(PKG_VERSION)_all.$$p; \
 	done
 
-## check-packages: build the amd64 packages and check them: the node's (deploy/nfpm/check.sh: contents, modes, static binary, node.env, systemd-analyze verify, maintainer scripts, rpm -qp) and the control plane's (deploy/nfpm/check-control-plane.sh: the same, conffiles, the user leasehold, no start or enable, no file in two packages)
+## check-packages: build the amd64 packages and check them: the node's (deploy/nfpm/check.sh: contents, modes, static binary, node.env, systemd-analyze verify, maintainer scripts, rpm -qp), the control plane's (deploy/nfpm/check-control-plane.sh: the same, conffiles, the user leasehold, no start or enable, no file in two packages) and the CLI's (deploy/nfpm/check-cli.sh: contents, static binary, its own completions)
 check-packages:
 	@$(MAKE) --no-print-directory packages ARCH=amd64 VERSION='$(VERSION)'
 	deploy/nfpm/check.sh $(DIST)/leasehold-node_$(PKG_VERSION)_amd64.deb $(DIST)/leasehold-node_$(PKG_VERSION)_amd64.rpm amd64
 	deploy/nfpm/check-control-plane.sh $(DIST) '$(PKG_VERSION)' amd64
+	deploy/nfpm/check-cli.sh $(DIST) '$(PKG_VERSION)' amd64
 
 ## check-packages-install: install the amd64 .deb into a fresh Debian chroot (debootstrap; needs root and Debian's mirror, 2-3 minutes, so not in CI): without and with systemd, conffile kept, remove and purge
 .PHONY: check-packages-install

@@ -19,6 +19,8 @@
 #                                           of the control-plane services (api,
 #                                           gateway, worker, scheduler, doctor,
 #                                           site-agent): deploy/nfpm/leasehold-SERVICE.yaml
+#   leasehold_X.Y.Z_ARCH.deb, .rpm          the CLI and its shell completions:
+#                                           deploy/nfpm/leasehold.yaml
 #   ARTIFACT.cdx.json                       the CycloneDX SBOM of each archive
 #                                           and package
 #   leasehold-common_X.Y.Z_all.deb, .rpm    what the control-plane packages
@@ -107,6 +109,17 @@ nfpm() {
 }
 
 [ $quick = 1 ] || nfpm_bin=$(nfpm)
+# The CLI's completion scripts, the same for every architecture, from a
+# binary for this machine (the package holds them; the archive does not).
+completions=$(mktemp -d)
+trap 'rm -rf "$completions"' EXIT
+if [ $quick = 0 ]; then
+	(cd services/cli && go build -o "$completions/leasehold" .)
+	for sh in bash zsh fish; do "$completions/leasehold" completion "$sh" >"$completions/completion.$sh"; done
+	mv "$completions/completion.bash" "$completions/leasehold.bash"
+	mv "$completions/completion.zsh" "$completions/_leasehold"
+	mv "$completions/completion.fish" "$completions/leasehold.fish"
+fi
 start=$SECONDS
 for arch in $arches; do
 	case $arch in
@@ -164,6 +177,13 @@ for arch in $arches; do
 				"$nfpm_bin" package --config "deploy/nfpm/leasehold-$s.yaml" --packager "$p" --target "$pkg" >/dev/null
 			sbom_archive -artifact "$pkg" -version "$version" -out "$pkg.cdx.json" "$dir/leasehold-$s.cdx.json"
 		done
+	done
+	for p in deb rpm; do
+		pkg=$out/leasehold_${version}_$arch.$p
+		echo "== $(basename "$pkg")"
+		LEASEHOLD_PKG_VERSION=$pkg_version LEASEHOLD_PKG_ARCH=$arch LEASEHOLD_PKG_BINARY=$dir/leasehold LEASEHOLD_PKG_COMPLETIONS=$completions \
+			"$nfpm_bin" package --config deploy/nfpm/leasehold.yaml --packager "$p" --target "$pkg" >/dev/null
+		sbom_archive -artifact "$pkg" -version "$version" -out "$pkg.cdx.json" "$dir/leasehold.cdx.json"
 	done
 done
 
