@@ -17,6 +17,8 @@
 #   - the .rpm (when rpm exists): name, architecture, the same files (zsh's
 #     under site-functions), no scriptlet, no requirement but rpmlib's.
 set -euo pipefail
+# shellcheck source=deploy/nfpm/checklib.sh
+. "$(dirname "$0")/checklib.sh"
 
 dist=$1 version=$2 arch=$3
 case $arch in
@@ -28,19 +30,6 @@ deb=$dist/leasehold_${version}_$arch.deb
 rpm=$dist/leasehold_${version}_$arch.rpm
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-fail() {
-	echo "check-packages: $*" >&2
-	exit 1
-}
-has() { # has FILE PATTERN WHAT
-	grep -Eq -- "$2" "$1" || {
-		cat "$1" >&2
-		fail "$3"
-	}
-}
-same() { # same WANT GOT WHAT
-	diff -u "$1" "$2" >&2 || fail "$3 (- expected, + found)"
-}
 
 [ -f "$deb" ] || fail "$deb not found (make packages)"
 echo "== $(basename "$deb")"

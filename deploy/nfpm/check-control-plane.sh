@@ -32,6 +32,8 @@
 #     would refuse the second), and a directory that several ship has the
 #     same mode and owner in each.
 set -euo pipefail
+# shellcheck source=deploy/nfpm/checklib.sh
+. "$(dirname "$0")/checklib.sh"
 
 dist=$1 version=$2 arch=$3
 case $arch in
@@ -42,19 +44,6 @@ esac
 services=(api gateway worker scheduler doctor site-agent)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-fail() {
-	echo "check-packages: $*" >&2
-	exit 1
-}
-has() { # has FILE PATTERN WHAT
-	grep -Eq -- "$2" "$1" || {
-		cat "$1" >&2
-		fail "$3"
-	}
-}
-same() { # same WANT GOT WHAT: the two files are equal
-	diff -u "$1" "$2" >&2 || fail "$3 (- expected, + found)"
-}
 units_of() {
 	case $1 in
 	doctor) echo leasehold-doctor.service leasehold-doctor-check.service leasehold-doctor-check.timer ;;

@@ -16,6 +16,8 @@
 #     dpkg's arguments and rpm's;
 #   - the .rpm's files, config files and scripts (rpm -qp), when rpm exists.
 set -euo pipefail
+# shellcheck source=deploy/nfpm/checklib.sh
+. "$(dirname "$0")/checklib.sh"
 
 deb=$1 rpm=$2 arch=$3
 case $arch in
@@ -25,16 +27,6 @@ arm64) rpm_arch=aarch64 ;;
 esac
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-fail() {
-	echo "check-packages: $*" >&2
-	exit 1
-}
-has() { # has FILE PATTERN WHAT
-	grep -Eq -- "$2" "$1" || {
-		cat "$1" >&2
-		fail "$3"
-	}
-}
 
 echo "== $deb: dpkg-deb --info"
 dpkg-deb --info "$deb" | tee "$work/info"
