@@ -14,7 +14,6 @@ import (
 
 	"github.com/leasehold/leasehold/pkg/fleettest"
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
-	"github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1/controlv1connect"
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 	"github.com/leasehold/leasehold/pkg/proctest"
@@ -42,17 +41,8 @@ func TestLiveOutputPastTheStoredCap(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDB(t)
 	ids, creds := fleettest.RegisterNodes(t, db.Pool, "live", 1)
-	tokenFile := filepath.Join(t.TempDir(), "relay-token")
-	require.NoError(t, os.WriteFile(tokenFile, []byte(tunnelRelayToken+"\n"), 0o600))
-	gw := fleettest.StartGateway(t, db.URL, "gw_live", append([]string{"--gateway.relay-listen-addr", fleettest.Addr(t),
-		"--gateway.relay-token-file", tokenFile, "--gateway.output-cap", strconv.Itoa(liveCap)}, fleettest.FastGateway...)...)
-	apiAddr := fleettest.Addr(t)
-	api := proctest.Start(t, "api_live", fleettest.Binary(t, "api"), []string{"LEASEHOLD_API_TOKENS=operator:" + agentOperatorToken},
-		append([]string{"--database-url", db.URL, "--http-addr", fleettest.Addr(t), "--id", "api_live", "--log-format", "text",
-			"--listen-addr", apiAddr, "--api.relay-token-file", tokenFile}, fleettest.DBFlags(db.URL)...)...)
-	api.WaitReady(60 * time.Second)
-	s := &agentStack{db: db, lb: gw.Listen, root: t.TempDir(),
-		api: controlClient{controlv1connect.NewControlServiceClient(h2cClient(), "http://"+apiAddr), agentOperatorToken}}
+	gw, api := startRelayedPlane(t, db, "live", "operator", agentOperatorToken, "--gateway.output-cap", strconv.Itoa(liveCap))
+	s := &agentStack{db: db, lb: gw.Listen, root: t.TempDir(), api: api}
 	state := filepath.Join(s.root, ids[0])
 	require.NoError(t, os.MkdirAll(state, 0o700))
 	require.NoError(t, os.WriteFile(filepath.Join(state, "credential"), []byte(creds[0]+"\n"), 0o600))

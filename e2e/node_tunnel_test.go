@@ -34,16 +34,7 @@ func TestNodeAgentTunnels(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDB(t)
 	ids, creds := fleettest.RegisterNodes(t, db.Pool, "agtun", 2)
-	tokenFile := filepath.Join(t.TempDir(), "relay-token")
-	require.NoError(t, os.WriteFile(tokenFile, []byte(tunnelRelayToken+"\n"), 0o600))
-	gw := fleettest.StartGateway(t, db.URL, "gw_agent_tun", append([]string{"--gateway.relay-listen-addr", fleettest.Addr(t),
-		"--gateway.relay-token-file", tokenFile}, fleettest.FastGateway...)...)
-	apiAddr := fleettest.Addr(t)
-	api := proctest.Start(t, "api_agent_tun", fleettest.Binary(t, "api"), []string{"LEASEHOLD_API_TOKENS=tunnel:" + tunnelToken},
-		append([]string{"--database-url", db.URL, "--http-addr", fleettest.Addr(t), "--id", "api_agent_tun", "--log-format", "text",
-			"--listen-addr", apiAddr, "--api.relay-token-file", tokenFile}, fleettest.DBFlags(db.URL)...)...)
-	api.WaitReady(60 * time.Second)
-	tun := controlClient{controlv1connect.NewControlServiceClient(h2cClient(), "http://"+apiAddr), tunnelToken}
+	gw, tun := startRelayedPlane(t, db, "agent_tun", "tunnel", tunnelToken)
 
 	allowedA, allowedB, unlisted := echoServer(t), echoServer(t), echoServer(t)
 	// startAgent needs only an address that reaches the gateway (here the
@@ -100,4 +91,23 @@ func TestNodeAgentTunnels(t *testing.T) {
 		require.Equal(t, connect.CodePermissionDenied, connect.CodeOf(err), "%v", err)
 		require.ErrorContains(t, err, "allowlist")
 	})
+}
+
+// startRelayedPlane runs a gateway gw_<name> with a relay listener and an
+// api api_<name> that dials it with the shared relay token, as tunnels and
+// live output past the stored cap need, for real leasehold-node processes
+// that dial the gateway; the api accepts token as role. gwExtra are more
+// gateway flags.
+func startRelayedPlane(t *testing.T, db *pgtest.DB, name, role, token string, gwExtra ...string) (fleettest.Gateway, controlClient) {
+	t.Helper()
+	tokenFile := filepath.Join(t.TempDir(), "relay-token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte(tunnelRelayToken+"\n"), 0o600))
+	gw := fleettest.StartGateway(t, db.URL, "gw_"+name, append(append([]string{"--gateway.relay-listen-addr", fleettest.Addr(t),
+		"--gateway.relay-token-file", tokenFile}, gwExtra...), fleettest.FastGateway...)...)
+	apiAddr := fleettest.Addr(t)
+	api := proctest.Start(t, "api_"+name, fleettest.Binary(t, "api"), []string{"LEASEHOLD_API_TOKENS=" + role + ":" + token},
+		append([]string{"--database-url", db.URL, "--http-addr", fleettest.Addr(t), "--id", "api_" + name, "--log-format", "text",
+			"--listen-addr", apiAddr, "--api.relay-token-file", tokenFile}, fleettest.DBFlags(db.URL)...)...)
+	api.WaitReady(60 * time.Second)
+	return gw, controlClient{controlv1connect.NewControlServiceClient(h2cClient(), "http://"+apiAddr), token}
 }
