@@ -107,15 +107,23 @@ func (h *Handler) StreamCommandOutput(ctx context.Context, req *connect.Request[
 		// Watch before reading, so no relayed piece falls between the
 		// stored output and the live one.
 		if live == nil && !done && h.relay != nil && !time.Now().Before(liveNext) {
-			live, liveNext = h.watchLive(ctx, id), time.Now().Add(liveRetry)
+			live, liveNext = h.watchLive(ctx, id, false), time.Now().Add(liveRetry)
 		}
-		sent, truncated, next, err := h.sendOutput(ctx, stream, id, offset, live == nil)
+		sent, truncated, next, err := h.sendOutput(ctx, stream, id, offset, live == nil && h.relay == nil)
 		if err != nil {
 			return err
 		}
 		offset = next
+		if truncated && live == nil && h.relay != nil {
+			// A reader that came late, even after the end: the gateway may
+			// still hold what passed (it keeps some for late watchers).
+			if live = h.watchLive(ctx, id, true); live == nil {
+				return stream.Send(&controlv1.StreamCommandOutputResponse{Offset: offset, Truncated: true})
+			}
+			return h.followLive(ctx, stream, id, offset, live, wake, poll.C, limit.C, done)
+		}
 		if truncated && live != nil {
-			return h.followLive(ctx, stream, id, offset, live, wake, poll.C, limit.C)
+			return h.followLive(ctx, stream, id, offset, live, wake, poll.C, limit.C, done)
 		}
 		if truncated || (done && sent == 0) {
 			return nil
@@ -126,7 +134,7 @@ func (h *Handler) StreamCommandOutput(ctx context.Context, req *connect.Request[
 				return h.fail(ctx, "stream command output", err)
 			}
 			if past {
-				return h.followLive(ctx, stream, id, offset, live, wake, poll.C, limit.C)
+				return h.followLive(ctx, stream, id, offset, live, wake, poll.C, limit.C, done)
 			}
 		}
 		if sent == outputPage {

@@ -35,6 +35,9 @@ const (
 	// liveSettle is how long a finished command's watch may stay silent
 	// before the reader stops waiting for the gateway's end.
 	liveSettle = 5 * time.Second
+	// liveLateSettle is how long a watch opened after the command finished
+	// may stay silent.
+	liveLateSettle = time.Second
 	// livePieces is how many relayed pieces wait for the reader in the api
 	// (more wait in HTTP/2 windows and the gateway's queue).
 	livePieces = 16
@@ -64,9 +67,10 @@ type liveOutput struct {
 // watchLive opens WatchOutput for command id on the gateway that holds its
 // node's session and waits for the gateway to confirm it relays. It
 // returns nil (the reader goes on with stored output alone) when the api
-// has no relay, the command can produce no more output, its node has no
-// live session on a gateway with a relay, or the gateway does not confirm.
-func (h *Handler) watchLive(ctx context.Context, id string) *liveOutput {
+// has no relay, the command is finished (unless finished is allowed: a
+// late reader, for what the gateway kept), its node has no live session on
+// a gateway with a relay, or the gateway does not confirm.
+func (h *Handler) watchLive(ctx context.Context, id string, finished bool) *liveOutput {
 	if h.relay == nil {
 		return nil
 	}
@@ -74,7 +78,7 @@ func (h *Handler) watchLive(ctx context.Context, id string) *liveOutput {
 		node, addr string
 		running    bool
 	)
-	if err := h.db.QueryRow(ctx, liveRouteSQL, id).Scan(&node, &running, &addr); err != nil || !running || addr == "" {
+	if err := h.db.QueryRow(ctx, liveRouteSQL, id).Scan(&node, &running, &addr); err != nil || (!running && !finished) || addr == "" {
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) && ctx.Err() == nil {
 			h.log.Debug("live output route not read", "command", id, "err", err)
 		}
@@ -142,11 +146,16 @@ func (h *Handler) watchLive(ctx context.Context, id string) *liveOutput {
 // the stream with a truncation marker there; a broken watch ends it
 // UNAVAILABLE naming the offset to resume from.
 func (h *Handler) followLive(ctx context.Context, stream *connect.ServerStream[controlv1.StreamCommandOutputResponse], id string, offset int64,
-	l *liveOutput, wake <-chan struct{}, poll, limit <-chan time.Time) error {
+	l *liveOutput, wake <-chan struct{}, poll, limit <-chan time.Time, done bool) error {
 	truncate := func() error {
 		return stream.Send(&controlv1.StreamCommandOutputResponse{Offset: offset, Truncated: true})
 	}
 	var settle <-chan time.Time // set once the command is finished
+	if done {
+		// Finished before the watch: the gateway answers at once with what
+		// it kept and the end, or knows nothing of the command.
+		settle = time.After(liveLateSettle)
+	}
 	for {
 		select {
 		case m, ok := <-l.pieces:

@@ -61,15 +61,28 @@ type outputWatch struct {
 // outputWatchers are the gateway's WatchOutput calls by command id.
 type outputWatchers struct {
 	clock clockwork.Clock
-	n     atomic.Int64 // watches registered: publish skips the lock at 0
+	n     atomic.Int64 // watches registered
 	mu    sync.Mutex
 	by    map[string]map[*outputWatch]struct{}
+	// kept is the output past the cap kept for late watchers, keptBytes
+	// its size (watchkeep.go).
+	kept      map[string]*keptOutput
+	keptBytes int64
 }
 
+// add registers a watch of command on s, its queue primed with what s
+// kept of the command's output (in order, before any live piece).
 func (o *outputWatchers) add(s *session, command string) *outputWatch {
-	w := &outputWatch{s: s, command: command, ch: make(chan *nodev1.CommandOutput, watchQueue), ended: make(chan struct{})}
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	var kept []*nodev1.CommandOutput
+	if k := o.kept[command]; k != nil && k.s == s {
+		kept = k.pieces
+	}
+	w := &outputWatch{s: s, command: command, ch: make(chan *nodev1.CommandOutput, watchQueue+len(kept)), ended: make(chan struct{})}
+	for _, p := range kept {
+		w.ch <- p
+	}
 	if o.by == nil {
 		o.by = make(map[string]map[*outputWatch]struct{})
 	}
@@ -115,15 +128,14 @@ func (o *outputWatchers) outcome(w *outputWatch) (*connect.Error, int64) {
 	return w.err, w.end
 }
 
-// publish hands a piece read on s to the watchers of its command on s. A
+// publish keeps a piece read on s for later watchers (watchkeep.go) and
+// hands it to the watchers of its command on s. A
 // full watcher is waited for up to watchStall (with the session marked
 // held back, so it is not taken for dead), then ended.
 func (o *outputWatchers) publish(ctx context.Context, s *session, p *nodev1.CommandOutput) {
-	if o.n.Load() == 0 {
-		return
-	}
 	var full []*outputWatch
 	o.mu.Lock()
+	o.keepLocked(s, p)
 	for w := range o.by[p.GetCommandId()] {
 		if w.s != s || w.closed {
 			continue
@@ -167,11 +179,9 @@ func (o *outputWatchers) stall(ctx context.Context, s *session, w *outputWatch, 
 
 // finish ends the watchers of command on s: its output ended at end.
 func (o *outputWatchers) finish(s *session, command string, end int64) {
-	if o.n.Load() == 0 {
-		return
-	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	o.keptFinishedLocked(s, command)
 	for w := range o.by[command] {
 		if w.s == s {
 			o.endLocked(w, nil, end)
@@ -188,11 +198,9 @@ func (o *outputWatchers) finishOne(w *outputWatch, end int64) {
 
 // endSession ends every watcher on s, whose stream closed.
 func (o *outputWatchers) endSession(s *session) {
-	if o.n.Load() == 0 {
-		return
-	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	o.keptSessionEndedLocked(s)
 	for _, set := range o.by {
 		for w := range set {
 			if w.s == s {

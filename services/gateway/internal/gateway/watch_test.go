@@ -113,3 +113,52 @@ func TestOutputWatchers(t *testing.T) {
 
 	require.Equal(t, int64(0), o.n.Load(), "every watch was removed")
 }
+
+// TestOutputKeptForLateWatchers: a watch that comes after pieces passed
+// gets them first, in order, then the live ones; one that comes after the
+// result gets them and the end; a command keeps at most keptPerCommand
+// bytes (then nothing more, so the reader sees the gap); what is kept goes
+// keptFor after the result, or with the session of a running command.
+func TestOutputKeptForLateWatchers(t *testing.T) {
+	ctx := context.Background()
+	clock := clockwork.NewFakeClock()
+	o := &outputWatchers{clock: clock}
+	s := &session{nodeID: "n1"}
+	big := func(cmd string, off int64, n int) *nodev1.CommandOutput {
+		return &nodev1.CommandOutput{CommandId: cmd, Offset: off, Data: make([]byte, n)}
+	}
+
+	o.publish(ctx, s, piece("c1", 10))
+	o.publish(ctx, s, piece("c1", 11))
+	w := o.add(s, "c1")
+	o.publish(ctx, s, piece("c1", 12))
+	for _, want := range []int64{10, 11, 12} {
+		require.Equal(t, want, (<-w.ch).GetOffset())
+	}
+	o.finish(s, "c1", 13)
+	<-w.ended
+	o.remove(w)
+
+	late := o.add(s, "c1") // after the result: kept pieces, then the end
+	o.finishOne(late, 13)
+	require.Len(t, late.ch, 3)
+	o.remove(late)
+
+	// At most keptPerCommand bytes of one command.
+	const piece64 = 64 << 10
+	for i := range keptPerCommand/piece64 + 2 {
+		o.publish(ctx, s, big("c2", int64(i*piece64), piece64))
+	}
+	require.Equal(t, int64(keptPerCommand), o.kept["c2"].bytes)
+	require.True(t, o.kept["c2"].full)
+
+	// A running command's kept output goes with its session; a finished
+	// one's after keptFor.
+	o.endSession(s)
+	require.NotContains(t, o.kept, "c2")
+	require.Contains(t, o.kept, "c1")
+	clock.Advance(keptFor)
+	o.finish(s, "c3", 0)
+	require.NotContains(t, o.kept, "c1")
+	require.Equal(t, int64(0), o.keptBytes)
+}
