@@ -279,9 +279,9 @@ func (a *app) runLogs(ctx context.Context, s *session, run *controlv1.GetRunResp
 }
 
 // notKept says that a command's output from byte end on was not kept: past
-// what the database stores, and not followed live from the start.
+// what the database stores and the gateway kept, and not followed live.
 func notKept(end int64) string {
-	return fmt.Sprintf("output from byte %d on was not kept (the database keeps the first --gateway.output-cap bytes; the rest reaches readers that follow the command as it runs)", end)
+	return fmt.Sprintf("output from byte %d on was not kept (the database keeps the first --gateway.output-cap bytes; the node's gateway relays the rest to readers that follow the command, and keeps 8 MiB more for 30 s after it ends)", end)
 }
 
 // streamOutput reads a command's output from offset and hands each piece
