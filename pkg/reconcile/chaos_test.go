@@ -166,6 +166,16 @@ func runChaos(t *testing.T, duration time.Duration, dbFaults bool) {
 	}
 
 	workerArgs := append(slices.Clone(fastArgs), "--work", "20ms")
+	if dbFaults {
+		// A key may wait for the database until its lease's validity ends
+		// (the 3 s TTL) and then for its failure to be recorded (2 s): the
+		// self-release bound stays above that, as the defaults' 30 s stays
+		// above their TTL. At fastArgs' 2 s a database restart once held a
+		// reconcile in RunFenced for 3 s; the watchdog took that for a
+		// stall, the survivor released every lease and failed /livez, and
+		// with no supervisor here to restart it the queue never drained.
+		workerArgs = append(workerArgs, "--coord.self-release-after", "5s")
+	}
 	ids := []string{"c1", "c2", "c3"}
 	procs := map[string]*proctest.Proc{}
 	paused := map[string]time.Time{} // id -> resume at
