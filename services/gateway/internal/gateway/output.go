@@ -42,18 +42,16 @@ func (g *Gateway) handleOutput(ctx context.Context, s *session, o *nodev1.Comman
 		return nil
 	}
 	s.outputRead(o.GetCommandId(), o.GetOffset()+int64(len(o.GetData())))
-	if past := o.GetOffset() + int64(len(o.GetData())) - g.cfg.OutputCap; past > 0 {
-		// The part not stored goes to the command's live watchers.
-		p := o
-		if skip := int64(len(o.GetData())) - past; skip > 0 {
-			p = &nodev1.CommandOutput{CommandId: o.GetCommandId(), Offset: o.GetOffset() + skip, Stream: o.GetStream(), Data: o.GetData()[skip:]}
-		}
-		g.watchers.publish(ctx, s, p)
-	}
 	it := &ingestItem{kind: ingestOutput, s: s, command: o.GetCommandId(), offset: o.GetOffset(),
 		stream: outputStreams[o.GetStream()], output: o.GetData()}
 	if capped := g.cfg.OutputCap; it.offset+int64(len(it.output)) > capped {
 		keep := max(0, capped-it.offset)
+		// The part not stored goes to the command's live watchers (watch.go).
+		past := o
+		if keep > 0 {
+			past = &nodev1.CommandOutput{CommandId: o.GetCommandId(), Offset: o.GetOffset() + keep, Stream: o.GetStream(), Data: o.GetData()[keep:]}
+		}
+		g.watchers.publish(ctx, s, past)
 		g.m.outputBytes.WithLabelValues("dropped").Add(float64(int64(len(it.output)) - keep))
 		if s.outputMarked(it.command) {
 			if keep == 0 {

@@ -29,6 +29,7 @@ import (
 
 	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	relayv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/relay/v1"
+	"github.com/leasehold/leasehold/pkg/nodeauth"
 )
 
 // watchQueue is how many pieces a watcher may have waiting to be relayed
@@ -260,8 +261,8 @@ func (g *Gateway) WatchOutput(ctx context.Context, req *connect.Request[relayv1.
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("gateway %s is not serving; watch again", g.id))
 	}
 	node, command := req.Msg.GetNodeId(), req.Msg.GetCommandId()
-	if node == "" || len(node) > maxIDLen {
-		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("node_id must be 1..%d bytes", maxIDLen))
+	if err := nodeauth.ValidateNodeID(node); err != nil {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("node_id: %w", err))
 	}
 	if command == "" || len(command) > maxIDLen {
 		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("command_id must be 1..%d bytes", maxIDLen))
