@@ -109,23 +109,23 @@ func (h *Handler) StreamCommandOutput(ctx context.Context, req *connect.Request[
 		if live == nil && !done && h.relay != nil && !time.Now().Before(liveNext) {
 			live, liveNext = h.watchLive(ctx, id, false), time.Now().Add(liveRetry)
 		}
-		sent, truncated, next, err := h.sendOutput(ctx, stream, id, offset, live == nil && h.relay == nil)
+		sent, marker, next, err := h.sendOutput(ctx, stream, id, offset)
 		if err != nil {
 			return err
 		}
 		offset = next
-		if truncated && live == nil && h.relay != nil {
-			// A reader that came late, even after the end: the gateway may
-			// still hold what passed (it keeps some for late watchers).
-			if live = h.watchLive(ctx, id, true); live == nil {
-				return stream.Send(&controlv1.StreamCommandOutputResponse{Offset: offset, Truncated: true})
+		if marker >= 0 { // the stored output ends here
+			if live == nil && h.relay != nil {
+				// A reader that came late, even after the end: the gateway
+				// may still hold what passed (it keeps some for late watchers).
+				live = h.watchLive(ctx, id, true)
+			}
+			if live == nil {
+				return stream.Send(&controlv1.StreamCommandOutputResponse{Offset: marker, Truncated: true})
 			}
 			return h.followLive(ctx, stream, id, offset, live, wake, poll.C, limit.C, done)
 		}
-		if truncated && live != nil {
-			return h.followLive(ctx, stream, id, offset, live, wake, poll.C, limit.C, done)
-		}
-		if truncated || (done && sent == 0) {
+		if done && sent == 0 {
 			return nil
 		}
 		if sent == 0 && live != nil && offset > 0 {
@@ -157,12 +157,13 @@ func (h *Handler) StreamCommandOutput(ctx context.Context, req *connect.Request[
 }
 
 // sendOutput sends one page of stored output from offset and returns how
-// many rows it read, whether it reached the truncation marker (sent only
-// with sendMarker), and the offset after what it sent.
-func (h *Handler) sendOutput(ctx context.Context, stream *connect.ServerStream[controlv1.StreamCommandOutputResponse], id string, offset int64, sendMarker bool) (int, bool, int64, error) {
+// many rows it read, the offset of the truncation marker when it reached
+// it (-1 otherwise; the caller sends it, or follows the relayed output),
+// and the offset after what it sent.
+func (h *Handler) sendOutput(ctx context.Context, stream *connect.ServerStream[controlv1.StreamCommandOutputResponse], id string, offset int64) (int, int64, int64, error) {
 	rows, err := h.db.Query(ctx, outputChunksSQL, id, offset, outputPage, outputPieceMax)
 	if err != nil {
-		return 0, false, offset, h.fail(ctx, "stream command output", err)
+		return 0, -1, offset, h.fail(ctx, "stream command output", err)
 	}
 	type piece struct {
 		off    int64
@@ -174,17 +175,11 @@ func (h *Handler) sendOutput(ctx context.Context, stream *connect.ServerStream[c
 		return p, r.Scan(&p.off, &p.stream, &p.data)
 	})
 	if err != nil {
-		return 0, false, offset, h.fail(ctx, "stream command output", err)
+		return 0, -1, offset, h.fail(ctx, "stream command output", err)
 	}
 	for _, p := range pieces {
 		if p.stream == "truncated" {
-			if !sendMarker {
-				return len(pieces), true, offset, nil
-			}
-			if err := stream.Send(&controlv1.StreamCommandOutputResponse{Offset: p.off, Truncated: true}); err != nil {
-				return 0, false, offset, err
-			}
-			return len(pieces), true, p.off, nil
+			return len(pieces), p.off, offset, nil
 		}
 		data := p.data
 		if p.off < offset { // the piece holding the offset: send its rest
@@ -192,11 +187,11 @@ func (h *Handler) sendOutput(ctx context.Context, stream *connect.ServerStream[c
 			p.off = offset
 		}
 		if err := stream.Send(&controlv1.StreamCommandOutputResponse{Offset: p.off, Stream: outputStreamNames[p.stream], Data: data}); err != nil {
-			return 0, false, offset, err
+			return 0, -1, offset, err
 		}
 		offset = p.off + int64(len(data))
 	}
-	return len(pieces), false, offset, nil
+	return len(pieces), -1, offset, nil
 }
 
 // outputHub wakes StreamCommandOutput readers by command id.

@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/leasehold/leasehold/pkg/cmdwake"
 	controlv1 "github.com/leasehold/leasehold/pkg/gen/leasehold/control/v1"
@@ -136,19 +137,20 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	path, control := controlv1connect.NewControlServiceHandler(s.handler, handlerOpts...)
 	// The token is checked before the body is read or decompressed.
 	mux.Handle(path, authenticateFirst(auth, m, lim, int64(cfg.MaxMessageBytes), control))
-	// OpenTunnel on its own handler: a tunnel's bytes are relayed as they
-	// are (mostly already compressed or encrypted), never gzipped per message.
+	// The streams that relay bytes as they are, each on its own handler
+	// that never gzips per message: OpenTunnel (a tunnel's bytes, mostly
+	// already compressed or encrypted) and StreamCommandOutput (where gzip
+	// would cost the api more CPU per byte than everything else on the live
+	// path; docs/decisions.md, "Live output past the stored cap").
+	raw := func(method protoreflect.Name) connect.HandlerOption {
+		return connect.WithHandlerOptions(
+			connect.WithSchema(controlv1.File_leasehold_control_v1_control_proto.Services().ByName("ControlService").Methods().ByName(method)),
+			connect.WithHandlerOptions(handlerOpts...), connect.WithCompressMinBytes(math.MaxInt))
+	}
 	mux.Handle(controlv1connect.ControlServiceOpenTunnelProcedure, authenticateFirst(auth, m, lim, int64(cfg.MaxMessageBytes),
-		connect.NewBidiStreamHandler(controlv1connect.ControlServiceOpenTunnelProcedure, s.handler.OpenTunnel,
-			connect.WithSchema(controlv1.File_leasehold_control_v1_control_proto.Services().ByName("ControlService").Methods().ByName("OpenTunnel")),
-			connect.WithHandlerOptions(handlerOpts...), connect.WithCompressMinBytes(math.MaxInt))))
-	// StreamCommandOutput too: gzip would cost the api more CPU per byte
-	// than everything else on the live path (docs/decisions.md, "Live
-	// output past the stored cap").
+		connect.NewBidiStreamHandler(controlv1connect.ControlServiceOpenTunnelProcedure, s.handler.OpenTunnel, raw("OpenTunnel"))))
 	mux.Handle(controlv1connect.ControlServiceStreamCommandOutputProcedure, authenticateFirst(auth, m, lim, int64(cfg.MaxMessageBytes),
-		connect.NewServerStreamHandler(controlv1connect.ControlServiceStreamCommandOutputProcedure, s.handler.StreamCommandOutput,
-			connect.WithSchema(controlv1.File_leasehold_control_v1_control_proto.Services().ByName("ControlService").Methods().ByName("StreamCommandOutput")),
-			connect.WithHandlerOptions(handlerOpts...), connect.WithCompressMinBytes(math.MaxInt))))
+		connect.NewServerStreamHandler(controlv1connect.ControlServiceStreamCommandOutputProcedure, s.handler.StreamCommandOutput, raw("StreamCommandOutput"))))
 	// EnrollmentService beside it, without the bearer-token interceptor:
 	// its calls authenticate with what they carry (enroll.go).
 	enrollPath, enroll := enrollv1connect.NewEnrollmentServiceHandler(s.handler,
