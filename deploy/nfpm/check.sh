@@ -20,11 +20,7 @@ set -euo pipefail
 . "$(dirname "$0")/checklib.sh"
 
 deb=$1 rpm=$2 arch=$3
-case $arch in
-amd64) rpm_arch=x86_64 ;;
-arm64) rpm_arch=aarch64 ;;
-*) rpm_arch=$arch ;;
-esac
+rpm_arch=$(rpm_arch_of "$arch")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

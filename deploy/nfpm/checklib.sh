@@ -1,5 +1,6 @@
 # Shared by the package checks (check.sh, check-control-plane.sh,
-# check-cli.sh), which source it: how they fail and compare.
+# check-cli.sh), which source it: how they fail and compare, and rpm's
+# names of the architectures.
 
 # fail prints its arguments as the check's error and exits 1.
 fail() {
@@ -20,4 +21,14 @@ has() {
 # the check fails with WHAT.
 same() {
 	diff -u "$1" "$2" >&2 || fail "$3 (- expected, + found)"
+}
+
+# rpm_arch_of GOARCH prints rpm's name of the architecture (x86_64 for
+# amd64, aarch64 for arm64, else the same).
+rpm_arch_of() {
+	case $1 in
+	amd64) echo x86_64 ;;
+	arm64) echo aarch64 ;;
+	*) echo "$1" ;;
+	esac
 }
