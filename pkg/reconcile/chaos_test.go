@@ -274,6 +274,16 @@ func runChaos(t *testing.T, duration time.Duration, dbFaults bool) {
 			faults["start"]++
 		}
 	}
+	// Then what a supervisor does: a process that self-released after a
+	// stall (a pause past its bound, or a wait it took for one) fails
+	// /livez and is restarted, or nothing would ever claim again.
+	for _, id := range ids {
+		if code, _, err := procs[id].Get("/livez", ""); err != nil || code != 200 {
+			procs[id].Kill()
+			procs[id] = f.start(t, id, f.db.URL, workerArgs...)
+			faults["livez-restart"]++
+		}
+	}
 	enqueued := stop()
 	f.drained(t)
 
