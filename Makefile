@@ -38,6 +38,13 @@ test: build
 	if [ $${#failed[@]} -gt 0 ]; then echo "FAILED modules: $${failed[*]}" >&2; exit 1; fi; \
 	echo "every module passed"
 
+## test-docker: the whole suite against postgres:16 in a Docker container
+## (tools/pgcontainer starts it through dockertest, sets LEASEHOLD_TEST_DATABASE_URL
+## and removes it afterwards); needs a Docker engine, which CI does not have
+.PHONY: test-docker
+test-docker: build
+	GOWORK=off go -C tools/pgcontainer run . -- $(MAKE) -C $(CURDIR) test
+
 ## test-gateway-std: the gateway module and e2e again on net/http's HTTP/2
 ## server (--gateway.http2-server=std), so the fallback stays tested
 .PHONY: test-gateway-std
@@ -142,7 +149,7 @@ run: build
 	$(BIN)/leasehold-devstack -bin $(BIN) $(RUN_ARGS)
 
 tidy:
-	@for m in $(MODULES) $(CURDIR)/tools $(CURDIR)/tools/h2spec $(CURDIR)/tools/golangci; do (cd $$m && GOWORK=off go mod tidy) || exit 1; done
+	@for m in $(MODULES) $(CURDIR)/tools $(CURDIR)/tools/h2spec $(CURDIR)/tools/golangci $(CURDIR)/tools/pgcontainer; do (cd $$m && GOWORK=off go mod tidy) || exit 1; done
 
 ## breaking: buf's breaking-change check of proto/ (the working tree) against
 ## the protos of BREAKING_AGAINST, by default HEAD^1: in CI, a fresh clone of
@@ -319,7 +326,7 @@ check-links:
 
 ## check-modules: every module builds and vets on its own (GOWORK=off), through its replace directives
 check-modules:
-	@for m in $(MODULES); do echo "== GOWORK=off $${m#$(CURDIR)/}"; (cd $$m && GOWORK=off go vet ./...) || exit 1; done
+	@for m in $(MODULES) $(CURDIR)/tools/pgcontainer; do echo "== GOWORK=off $${m#$(CURDIR)/}"; (cd $$m && GOWORK=off go vet ./...) || exit 1; done
 
 ## test-pgbouncer: the whole suite twice more through a real PgBouncer in
 ## transaction mode (pkg/pgtest): with LISTEN on a direct URL, then without
