@@ -3,22 +3,17 @@
 //
 // The server comes from, in order:
 //  1. LEASEHOLD_TEST_DATABASE_URL (a superuser URL; databases are created in it),
-//  2. a Docker engine, through ory/dockertest, when one answers,
-//  3. a throwaway cluster from the local initdb/pg_ctl on a free loopback port.
+//  2. a throwaway cluster from the local initdb/pg_ctl on a free loopback port.
 //
-// Branch 2 (docker.go) is tried before the local binaries whenever an
-// engine answers, but no CI run exercises it: CI has no Docker engine, so it
-// always gets branch 3 (or 1). Exercise it by hand on a machine whose engine
-// answers (`docker info` shows a server; DOCKER_HOST or /var/run/docker.sock),
-// with LEASEHOLD_TEST_DATABASE_URL unset:
+// A PostgreSQL in a Docker container is source 1: tools/pgcontainer (a module
+// of its own, so dockertest is required by no module a service builds from)
+// starts one through ory/dockertest, runs a command with the URL set and
+// removes the container afterwards:
 //
-//	cd pkg && go test -count=1 -v ./pgtest/ ./coord/
+//	GOWORK=off go -C tools/pgcontainer run . -- make -C ../.. test
 //
-// and, while it runs, `docker ps --filter ancestor=postgres:16` lists the
-// container (purged when the test binary exits). Passing tests alone do not
-// prove the branch ran: a container that fails to start prints "pgtest:
-// docker: ...; using local binaries" and the tests go on with branch 3. On
-// that server, as on an external one, the tests of database faults skip
+// `make test-docker` runs that. CI has no Docker engine, so no CI run
+// exercises it. On an external server, the tests of database faults skip
 // (Server(t).Restart and Stop: only a cluster this binary started can be
 // restarted).
 //
@@ -38,7 +33,6 @@ package pgtest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -128,7 +122,6 @@ func LeakOptions() []goleak.Option {
 	return []goleak.Option{
 		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
 		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
-		goleak.IgnoreAnyFunction("github.com/ory/dockertest/v3.(*Pool).Retry"),
 	}
 }
 
@@ -398,11 +391,6 @@ func (s *server) PgBouncer() *pgbouncer.Bouncer { return s.bouncer }
 func startServer(ctx context.Context) (*server, error) {
 	if u := os.Getenv(EnvURL); u != "" {
 		return &server{adminURL: u, stop: func() {}}, nil
-	}
-	if s, err := startDocker(ctx); err == nil {
-		return s, nil
-	} else if s == nil && !errors.Is(err, errNoDocker) {
-		fmt.Fprintf(os.Stderr, "pgtest: docker: %v; using local binaries\n", err)
 	}
 	return startLocal(ctx)
 }
