@@ -102,7 +102,7 @@ func (g *Gateway) handleCancelAck(s *session, a *nodev1.CancelAck) *connect.Erro
 	if !ok {
 		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("cancel_ack.outcome %v is not a known outcome", a.GetOutcome()))
 	}
-	if s.answered(a.GetCommandId()) { // a node that stops a command may not send its result
+	if s.answered(a.GetCommandId(), g.clock.Now()) { // a node that stops a command may not send its result
 		g.wakeDispatch(s.nodeID)
 	}
 	g.ingest.submit(&ingestItem{kind: ingestCancelAck, s: s, id: a.GetCommandId(), stream: outcome})

@@ -67,6 +67,15 @@ type Config struct {
 	// no result yet); the rest stay pending in the database until results
 	// free room (docs/gateway.md, "The node window").
 	NodeWindow int
+	// OverloadLag is the lag (load.go: how long commands wait for
+	// dispatch while their node has room, plus how long results wait for
+	// the group commit) past which the gateway counts itself behind; 0
+	// never reports overload.
+	OverloadLag time.Duration
+	// OverloadHold is how long the lag must stay past OverloadLag before
+	// the gateway reports overload, so a burst (a failover's reconnects,
+	// the minute after a database outage) is not refused.
+	OverloadHold time.Duration
 	// SpecPoll is how often the specs of held sessions are compared with
 	// the database when no NOTIFY arrives; a newer spec is pushed as
 	// NodeSpecUpdate.
@@ -146,6 +155,8 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.DurationVar(&c.DispatchPoll, prefix+"gateway.dispatch-poll", time.Second, "dispatch poll interval (NOTIFY wakes it earlier)")
 	f.IntVar(&c.DispatchBatch, prefix+"gateway.dispatch-batch", 100, "commands taken per dispatch transaction; one call also asks at most this many sessions")
 	f.IntVar(&c.NodeWindow, prefix+"gateway.node-window", 32, "commands one node holds unanswered (sent, no result yet); more wait pending in the database")
+	f.DurationVar(&c.OverloadLag, prefix+"gateway.overload-lag", DefaultOverloadLag, "report this gateway overloaded (the api then refuses new commands for its nodes, RESOURCE_EXHAUSTED) when commands wait this long for dispatch while their node has room, plus results for the group commit; 0 never reports it")
+	f.DurationVar(&c.OverloadHold, prefix+"gateway.overload-hold", DefaultOverloadHold, "how long the lag must stay past --gateway.overload-lag before the gateway reports overload (a burst after a failover or outage is not refused)")
 	f.DurationVar(&c.SpecPoll, prefix+"gateway.spec-poll", 2*time.Second, "node spec poll interval (NOTIFY pushes a changed spec earlier)")
 	f.DurationVar(&c.DrainMaxDelay, prefix+"gateway.drain-max-delay", 60*time.Second, "upper bound of the random Drain delay sent on SIGTERM")
 	f.DurationVar(&c.HelloTimeout, prefix+"gateway.hello-timeout", 10*time.Second, "close a stream whose Hello has not arrived within this long")
@@ -229,6 +240,12 @@ func (c *Config) Validate() error {
 	}
 	if c.HeartbeatInterval > 0 && 3*c.HeartbeatInterval >= c.SessionLease {
 		errs = append(errs, fmt.Errorf("--gateway.heartbeat-interval %s times 3 must be less than --gateway.session-lease %s", c.HeartbeatInterval, c.SessionLease))
+	}
+	if c.OverloadLag < 0 || c.OverloadLag > time.Minute {
+		errs = append(errs, fmt.Errorf("--gateway.overload-lag %s must be in [0, 1m] (0: never report overload)", c.OverloadLag))
+	}
+	if c.OverloadHold < 0 || c.OverloadHold > time.Minute {
+		errs = append(errs, fmt.Errorf("--gateway.overload-hold %s must be in [0, 1m]", c.OverloadHold))
 	}
 	if c.MinDaemonVersion != "" && buildinfo.Release(c.MinDaemonVersion) == "" {
 		errs = append(errs, fmt.Errorf("--gateway.min-daemon-version %q is not a semantic version (vMAJOR[.MINOR[.PATCH]])", c.MinDaemonVersion))

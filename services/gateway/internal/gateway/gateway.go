@@ -123,11 +123,13 @@ type Gateway struct {
 	// OnAcquired arriving late, never undoes a fence.
 	servedEpoch int64
 	generation  atomic.Uint64
-	ownSkew     atomic.Int64 // this process's clock minus the database's, ns (skew.go)
-	stopping    atomic.Bool  // SIGTERM: a lease taken again no longer resumes serving
-	keeperStop  context.CancelFunc
-	keeperDone  chan struct{}
-	keeperDB    *pgxpool.Pool // the keeper's own pool (lease.go)
+	// waits are the dispatch waits of the current load tick (load.go).
+	waits      dispatchWaits
+	ownSkew    atomic.Int64 // this process's clock minus the database's, ns (skew.go)
+	stopping   atomic.Bool  // SIGTERM: a lease taken again no longer resumes serving
+	keeperStop context.CancelFunc
+	keeperDone chan struct{}
+	keeperDB   *pgxpool.Pool // the keeper's own pool (lease.go)
 
 	slotMu   sync.Mutex
 	nextSlot time.Time
@@ -191,7 +193,7 @@ func New(cfg Config, deps Deps) (_ *Gateway, err error) {
 		sessions:      map[string]*session{},
 		tunnels:       tunnelTable{byID: map[string]*tunnel{}, byNode: map[string]int{}},
 		fencedCh:      make(chan struct{}),
-		dispatchWaker: newNodeWaker(), specWaker: newNodeWaker(), ingest: newIngester(),
+		dispatchWaker: newNodeWaker(), specWaker: newNodeWaker(), ingest: newIngester(deps.Clock),
 		tracer:           tracing.TracerProvider(deps.Tracer).Tracer(tracerName),
 		minDaemonVersion: buildinfo.Release(cfg.MinDaemonVersion),
 	}
@@ -339,7 +341,7 @@ func (g *Gateway) running(ctx context.Context) error {
 
 	loopCtx, cancelLoops := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	for _, loop := range []func(context.Context){g.livenessLoop, g.dispatchLoop, g.notifyLoop, g.specLoop, g.ingestLoop, g.reloadLoop} {
+	for _, loop := range []func(context.Context){g.livenessLoop, g.dispatchLoop, g.notifyLoop, g.specLoop, g.ingestLoop, g.reloadLoop, g.loadLoop} {
 		wg.Add(1)
 		go func() { defer wg.Done(); loop(loopCtx) }()
 	}

@@ -243,7 +243,7 @@ func (g *Gateway) handleResult(ctx context.Context, s *session, r *nodev1.Comman
 	// Every piece of its output was read before the result: its watchers
 	// have had all of it.
 	g.watchers.finish(s, r.GetCommandId(), s.outputFinished(r.GetCommandId()))
-	if s.answered(r.GetCommandId()) {
+	if s.answered(r.GetCommandId(), g.clock.Now()) {
 		// Its window was full: dispatch may send the node the next one
 		// while this result commits.
 		g.wakeDispatch(s.nodeID)

@@ -387,6 +387,7 @@ func (g *Gateway) hello(ctx context.Context, stream *connect.BidiStream[nodev1.C
 		s.inline, s.wake = true, make(chan struct{}, 1)
 	}
 	s.touch(g.clock.Now())
+	s.roomAt.Store(g.clock.Now().UnixNano())
 	s.skew.Store(noSkew)
 	s.specVersion.Store(specVer)
 	welcome := &nodev1.Welcome{

@@ -12,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -56,6 +57,7 @@ const (
 // ingestItem is one report waiting for the group commit.
 type ingestItem struct {
 	kind    ingestKind
+	queued  time.Time // when submit queued it (gateway clock)
 	s       *session
 	id      string // result or event id; command id of an ack
 	command string // result: its command id
@@ -96,17 +98,19 @@ type ingestOutcome struct {
 
 // ingester is the queue in front of the group commit.
 type ingester struct {
+	clock   clockwork.Clock
 	mu      sync.Mutex
 	queue   []*ingestItem
 	wake    chan struct{}
 	stopped chan struct{}
 }
 
-func newIngester() *ingester {
-	return &ingester{wake: make(chan struct{}, 1), stopped: make(chan struct{})}
+func newIngester(clock clockwork.Clock) *ingester {
+	return &ingester{clock: clock, wake: make(chan struct{}, 1), stopped: make(chan struct{})}
 }
 
 func (in *ingester) submit(it *ingestItem) {
+	it.queued = in.clock.Now()
 	in.mu.Lock()
 	in.queue = append(in.queue, it)
 	in.mu.Unlock()
@@ -135,6 +139,17 @@ func (in *ingester) take() []*ingestItem {
 		in.queue = nil
 	}
 	return out
+}
+
+// oldest is how long the first queued item has waited for the group
+// commit (0 when nothing waits).
+func (in *ingester) oldest() time.Duration {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if len(in.queue) == 0 {
+		return 0
+	}
+	return in.clock.Since(in.queue[0].queued)
 }
 
 // await waits for it's outcome; the gateway stopping answers UNAVAILABLE.

@@ -254,18 +254,22 @@ func (g *Gateway) dispatchOnce(ctx context.Context, ids []string, epochs []int64
 	timer.ObserveDuration()
 	got := make(map[string]int, len(ids))
 	var failed []undeliverable
+	now := g.clock.Now()
 	for _, d := range out {
 		got[d.nodeID]++
 		g.m.dispatched.Inc()
 		g.m.dispatchLatency.Observe(d.latency)
+		g.mu.Lock()
+		s := g.sessions[d.nodeID]
+		g.mu.Unlock()
+		if s != nil {
+			g.waits.add(waitedForGateway(time.Duration(d.latency*float64(time.Second)), s, now))
+		}
 		if why := g.undeliverableReason(d.cmd); why != "" {
 			failed = append(failed, undeliverable{id: d.cmd.GetCommandId(), nodeID: d.nodeID, epoch: d.epoch, reason: why})
 			g.log.Warn("command too large to send; failing it", "node", d.nodeID, "command", d.cmd.GetCommandId(), "reason", why)
 			continue
 		}
-		g.mu.Lock()
-		s := g.sessions[d.nodeID]
-		g.mu.Unlock()
 		if s != nil && s.epoch == d.epoch {
 			s.sending(d.cmd.CommandId)
 		}

@@ -17,6 +17,8 @@ type metrics struct {
 	dispatchLatency prometheus.Histogram
 	dispatchCall    prometheus.Histogram
 	windowFull      prometheus.Counter
+	lag             prometheus.Gauge
+	overloaded      prometheus.Gauge
 	ingestRetries   prometheus.Counter
 	clockSkew       prometheus.Gauge
 	nodeSkewMax     prometheus.Gauge
@@ -81,6 +83,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		nodeSkewMax: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "leasehold_gateway_node_clock_skew_max_seconds", Help: "Largest absolute clock skew (node clock minus database clock, from heartbeats) among this gateway's sessions at the last liveness write.",
 		}),
+		lag: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "leasehold_gateway_lag_seconds", Help: "Last second's mean wait for dispatch of commands whose node had room, plus the oldest result's wait for the group commit (--gateway.overload-lag).",
+		}),
+		overloaded: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "leasehold_gateway_overloaded", Help: "1 while this gateway reports overload (the api refuses new commands for its nodes), else 0.",
+		}),
 		windowFull: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "leasehold_gateway_node_window_full_total", Help: "Dispatch rounds that skipped a session because its node window (--gateway.node-window) was full.",
 		}),
@@ -144,7 +152,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.streams, m.sessions, m.hellos, m.pushbacks, m.dispatched, m.replayed, m.dispatchLatency, m.dispatchCall, m.windowFull, m.ingestBatch, m.ingestFlush,
 		m.fenceFailures, m.selfFences, m.zombies, m.renewLatency, m.results, m.events, m.specPushes)
-	reg.MustRegister(m.outputBytes, m.cancels, m.helloRefusals, m.clockSkew, m.nodeSkewMax, m.ingestRetries)
+	reg.MustRegister(m.outputBytes, m.cancels, m.helloRefusals, m.clockSkew, m.nodeSkewMax, m.ingestRetries, m.lag, m.overloaded)
 	reg.MustRegister(m.tunnelsOpen, m.tunnelsOpened, m.tunnelsRefused, m.tunnelsIdle, m.tunnelBytes, m.outputRelayed, m.watchersLagged)
 	m.role = health.NewRoleGauge(reg, "gateway")
 	return m

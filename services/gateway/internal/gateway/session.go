@@ -42,6 +42,11 @@ type session struct {
 	stopWaits context.CancelFunc
 
 	lastRecv atomic.Int64 // unix nanos of the last message from the node
+	// roomAt is when the node's window last had room after being full (or
+	// the session began), in unix nanos of the gateway clock: a command of
+	// this node waited for dispatch, not for its node, only since then
+	// (load.go).
+	roomAt atomic.Int64
 	// skew is the node's clock minus the database's in nanoseconds, from
 	// its last heartbeat (noSkew before one; skew.go).
 	skew atomic.Int64
@@ -241,9 +246,10 @@ func (s *session) sending(ids ...string) {
 }
 
 // answered takes a command out of the window (its result, or a cancel
-// ack, arrived) and says whether the window had been full, so the caller
-// wakes dispatch for the node. An unknown id changes nothing.
-func (s *session) answered(id string) (wasFull bool) {
+// ack, arrived at now) and says whether the window had been full, so the
+// caller wakes dispatch for the node; a window that was full records now
+// as roomAt. An unknown id changes nothing.
+func (s *session) answered(id string, now time.Time) (wasFull bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.inflight[id]; !ok {
@@ -251,6 +257,9 @@ func (s *session) answered(id string) (wasFull bool) {
 	}
 	wasFull = len(s.inflight) >= s.window
 	delete(s.inflight, id)
+	if wasFull {
+		s.roomAt.Store(now.UnixNano())
+	}
 	return wasFull
 }
 
