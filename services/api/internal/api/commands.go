@@ -105,7 +105,11 @@ func (h *Handler) CreateCommand(ctx context.Context, req *connect.Request[contro
 		if state == "revoked" {
 			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node_id: node %q is revoked", m.GetNodeId()))
 		}
-		if h.maxQueued > 0 && queued >= h.maxQueued {
+		refusal, err := h.admit(ctx, tx, m.GetNodeId(), queued)
+		if err != nil {
+			return err
+		}
+		if refusal != nil {
 			// A repeat of an idempotent create still gets its command.
 			if c.key != nil {
 				if cmd, _, err := scanCommand(tx.QueryRow(ctx, commandByKeySQL, m.GetNodeId(), *c.key)); err == nil {
@@ -114,8 +118,7 @@ func (h *Handler) CreateCommand(ctx context.Context, req *connect.Request[contro
 					return err
 				}
 			}
-			return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf(
-				"node_id: node %q has %d commands queued already (--api.max-queued-per-node); retry once some have run", m.GetNodeId(), queued))
+			return refusal
 		}
 		deadline := c.deadline
 		if c.timeout > 0 {
@@ -148,6 +151,34 @@ func (h *Handler) CreateCommand(ctx context.Context, req *connect.Request[contro
 		h.wake.Created(m.GetNodeId()) // after the commit: the gateways see the row
 	}
 	return connect.NewResponse(resp), nil
+}
+
+// admit refuses a new command for nodeID (a RESOURCE_EXHAUSTED refusal,
+// nil to admit it) when the node has --api.max-queued-per-node commands
+// queued (queued, counted by the node lock), or when the gateway holding
+// its session reports overload; that costs a read only while some gateway
+// does.
+func (h *Handler) admit(ctx context.Context, tx pgx.Tx, nodeID string, queued int) (*connect.Error, error) {
+	if h.maxQueued > 0 && queued >= h.maxQueued {
+		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf(
+			"node_id: node %q has %d commands queued already (--api.max-queued-per-node); retry once some have run", nodeID, queued)), nil
+	}
+	if h.overload == nil || !h.overload.anyOverloaded() {
+		return nil, nil
+	}
+	var gw string
+	if err := tx.QueryRow(ctx, nodeGatewaySQL, nodeID).Scan(&gw); errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil // no session: the command waits for the node, not for a gateway
+	} else if err != nil {
+		return nil, err
+	}
+	lag, over := h.overload.lag(gw)
+	if !over {
+		return nil, nil
+	}
+	h.overload.refused.Inc()
+	return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf(
+		"node_id: node %q is served by gateway %q, which is overloaded (commands wait %s for it); retry in a few seconds", nodeID, gw, lag)), nil
 }
 
 // repeated answers a CreateCommand whose idempotency key names cmd already:

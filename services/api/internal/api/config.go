@@ -58,6 +58,9 @@ type Config struct {
 	// MaxQueuedPerNode refuses CreateCommand (RESOURCE_EXHAUSTED) for a
 	// node that already has this many commands pending; 0 turns it off.
 	MaxQueuedPerNode int
+	// OverloadAdmission refuses CreateCommand (RESOURCE_EXHAUSTED) for a
+	// node whose gateway reports overload (gateway_load).
+	OverloadAdmission bool
 	// DefaultCommandTimeout is a command's life when the request sets none.
 	DefaultCommandTimeout time.Duration
 	// WaitPollInterval is how often WaitCommand checks its commands when no
@@ -109,6 +112,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.IntVar(&c.RateBurst, prefix+"api.rate-burst", 400, "calls a token may make at once above --api.rate-limit")
 	f.IntVar(&c.MaxPayloadBytes, prefix+"api.max-payload-bytes", maxPayloadBytes, "largest command payload accepted (a file.put's content travels in it, base64 in its JSON); at most --api.max-message-bytes less 64 KiB; the default is the gateways' default --gateway.max-message-bytes less 4 KiB of envelope, so raise both together")
 	f.IntVar(&c.MaxQueuedPerNode, prefix+"api.max-queued-per-node", DefaultMaxQueuedPerNode, "CreateCommand refuses (RESOURCE_EXHAUSTED) a command for a node with this many commands pending already: a runaway caller cannot pile unbounded work on one node, an offline one above all; 0 turns it off")
+	f.BoolVar(&c.OverloadAdmission, prefix+"api.overload-admission", true, "CreateCommand refuses (RESOURCE_EXHAUSTED) a command for a node whose gateway reports overload (--gateway.overload-lag), so a backlog cannot outgrow what the gateways complete; false admits everything")
 	f.DurationVar(&c.DefaultCommandTimeout, prefix+"api.default-command-timeout", time.Hour, "life of a command created without deadline or timeout")
 	f.DurationVar(&c.WaitPollInterval, prefix+"api.wait-poll-interval", time.Second, "how often WaitCommand checks for finished commands when no notification comes (gateways NOTIFY when they finish commands)")
 	f.DurationVar(&c.ShutdownGrace, prefix+"api.shutdown-grace", 10*time.Second, "how long in-flight calls may finish on SIGTERM")

@@ -36,6 +36,9 @@ type Handler struct {
 	defaultTimeout time.Duration
 	maxPayload     int // --api.max-payload-bytes
 	maxQueued      int // --api.max-queued-per-node; 0: no cap
+	// overload is the gateways' overload as last read; nil with
+	// --api.overload-admission=false.
+	overload *overloadWatch
 	// sinkEgress judges sink URLs at creation (the worker judges the
 	// resolved address again at delivery).
 	sinkEgress egress.Policy

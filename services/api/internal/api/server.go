@@ -119,6 +119,9 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	}
 	s.handler = &Handler{db: deps.DB, reads: s.reads, log: log, waiter: s.waiter, wake: cmdwake.New(deps.DB, cmdwake.DefaultInterval, log),
 		defaultTimeout: cfg.DefaultCommandTimeout, maxPayload: cfg.MaxPayloadBytes, maxQueued: cfg.MaxQueuedPerNode, sinkEgress: cfg.SinkEgress, relay: relay}
+	if cfg.OverloadAdmission {
+		s.handler.overload = newOverloadWatch(deps.DB, deps.Registry, log)
+	}
 	m := newMetrics(deps.Registry, s.waiter)
 
 	otelInterceptor, err := newTraceInterceptor(deps.Tracer)
@@ -264,6 +267,13 @@ func (s *Service) running(ctx context.Context) error {
 			s.reads.run(waitCtx)
 		}
 	}()
+	overloadDone := make(chan struct{})
+	go func() {
+		defer close(overloadDone)
+		if s.handler.overload != nil {
+			s.handler.overload.run(waitCtx)
+		}
+	}()
 
 	s.checker.SetStatus("", grpchealth.StatusServing)
 	s.checker.SetStatus(controlv1connect.ControlServiceName, grpchealth.StatusServing)
@@ -287,6 +297,7 @@ func (s *Service) running(ctx context.Context) error {
 	<-waiterDone
 	<-reloadDone
 	<-probeDone
+	<-overloadDone
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownGrace)
 	defer cancel()
 	if err := s.srv.Shutdown(shutdownCtx); err != nil {
