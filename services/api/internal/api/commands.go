@@ -90,6 +90,14 @@ func (h *Handler) CreateCommand(ctx context.Context, req *connect.Request[contro
 	if payload == nil {
 		payload = []byte{}
 	}
+	// Refused under overload before any database work, unless a repeat of
+	// an idempotent create may be owed its command (decided in the
+	// transaction).
+	if c.key == nil {
+		if refusal := h.overloadRefusal(m.GetNodeId()); refusal != nil {
+			return nil, refusal
+		}
+	}
 	resp := &controlv1.CreateCommandResponse{}
 	err = pgdb.InTx(ctx, h.db, func(tx pgx.Tx) error {
 		var (
@@ -105,11 +113,7 @@ func (h *Handler) CreateCommand(ctx context.Context, req *connect.Request[contro
 		if state == "revoked" {
 			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node_id: node %q is revoked", m.GetNodeId()))
 		}
-		refusal, err := h.admit(ctx, tx, m.GetNodeId(), queued)
-		if err != nil {
-			return err
-		}
-		if refusal != nil {
+		if refusal := h.admit(m.GetNodeId(), queued); refusal != nil {
 			// A repeat of an idempotent create still gets its command.
 			if c.key != nil {
 				if cmd, _, err := scanCommand(tx.QueryRow(ctx, commandByKeySQL, m.GetNodeId(), *c.key)); err == nil {
@@ -156,29 +160,22 @@ func (h *Handler) CreateCommand(ctx context.Context, req *connect.Request[contro
 // admit refuses a new command for nodeID (a RESOURCE_EXHAUSTED refusal,
 // nil to admit it) when the node has --api.max-queued-per-node commands
 // queued (queued, counted by the node lock), or when the gateway holding
-// its session reports overload; that costs a read only while some gateway
-// does.
-func (h *Handler) admit(ctx context.Context, tx pgx.Tx, nodeID string, queued int) (*connect.Error, error) {
+// its session reports overload (overload.go).
+func (h *Handler) admit(nodeID string, queued int) *connect.Error {
 	if h.maxQueued > 0 && queued >= h.maxQueued {
 		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf(
-			"node_id: node %q has %d commands queued already (--api.max-queued-per-node); retry once some have run", nodeID, queued)), nil
+			"node_id: node %q has %d commands queued already (--api.max-queued-per-node); retry once some have run", nodeID, queued))
 	}
-	if h.overload == nil || !h.overload.anyOverloaded() {
-		return nil, nil
+	return h.overloadRefusal(nodeID)
+}
+
+// overloadRefusal is admit's overload half, nil without
+// --api.overload-admission.
+func (h *Handler) overloadRefusal(nodeID string) *connect.Error {
+	if h.overload == nil {
+		return nil
 	}
-	var gw string
-	if err := tx.QueryRow(ctx, nodeGatewaySQL, nodeID).Scan(&gw); errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil // no session: the command waits for the node, not for a gateway
-	} else if err != nil {
-		return nil, err
-	}
-	lag, over := h.overload.lag(gw)
-	if !over {
-		return nil, nil
-	}
-	h.overload.refused.Inc()
-	return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf(
-		"node_id: node %q is served by gateway %q, which is overloaded (commands wait %s for it); retry in a few seconds", nodeID, gw, lag)), nil
+	return h.overload.refusal(nodeID)
 }
 
 // repeated answers a CreateCommand whose idempotency key names cmd already:

@@ -2,11 +2,15 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,9 +20,12 @@ import (
 
 // Admission under overload (docs/api.md, "Overload"): each gateway
 // publishes whether it is behind its work (gateway_load, written by the
-// gateway under its lease); the api reads the overloaded ones every
-// overloadPoll and refuses CreateCommand for their nodes with
-// RESOURCE_EXHAUSTED, nothing written. What the gateways already hold drains
+// gateway under its lease); the api reads the overloaded ones, and the
+// nodes whose sessions they hold, every overloadPoll and refuses
+// CreateCommand for those nodes with RESOURCE_EXHAUSTED, nothing written.
+// A refusal costs the database nothing: it is decided from what the last
+// read found, so turning callers away does not take from the database
+// the capacity the gateways are short of. What the gateways already hold drains
 // at their full rate meanwhile, so completions stay at the maximum and the
 // backlog, and with it create-to-done, stays bounded instead of growing
 // for as long as the overload lasts.
@@ -32,9 +39,16 @@ var overloadedSQL = `
 SELECT l.gateway_id, l.lag_ms FROM gateway_load l
  WHERE l.overloaded AND ` + coord.GatewayLeaseLive("l.gateway_id")
 
-// nodeGatewaySQL is the gateway holding a node's session, if any; read
-// only while some gateway reports overload.
-const nodeGatewaySQL = `SELECT gateway_id FROM node_sessions WHERE node_id = $1 AND state = 'connected'`
+// overloadedNodesSQL lists the nodes whose session an overloaded gateway
+// holds; read only while some gateway reports overload.
+const overloadedNodesSQL = `
+SELECT node_id, gateway_id FROM node_sessions WHERE state = 'connected' AND gateway_id = ANY($1::text[])`
+
+// overloaded is one read: the overloaded gateways' lags and their nodes.
+type overloaded struct {
+	lags  map[string]int32  // gateway id -> lag in ms
+	nodes map[string]string // node id -> its overloaded gateway
+}
 
 // overloadWatch holds the overloaded gateways as last read.
 type overloadWatch struct {
@@ -43,7 +57,7 @@ type overloadWatch struct {
 	mu      sync.Mutex
 	db      *pgxpool.Pool
 	log     *slog.Logger
-	lags    atomic.Pointer[map[string]int32] // gateway id -> lag in ms; nil or empty: none
+	last    atomic.Pointer[overloaded] // nil: not read yet
 	gauge   prometheus.Gauge
 	refused prometheus.Counter
 }
@@ -84,42 +98,59 @@ func (w *overloadWatch) read(ctx context.Context) {
 	defer w.mu.Unlock()
 	rctx, cancel := context.WithTimeout(ctx, overloadPoll)
 	defer cancel()
-	lags := map[string]int32{}
-	rows, err := w.db.Query(rctx, overloadedSQL)
-	if err == nil {
-		var (
-			id  string
-			lag int32
-		)
-		_, err = pgx.ForEachRow(rows, []any{&id, &lag}, func() error {
-			lags[id] = lag
-			return nil
-		})
+	o, err := readOverloaded(rctx, w.db)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.log.Debug("read gateway overload", "err", err)
+		}
+		o = &overloaded{}
 	}
-	if err != nil && ctx.Err() == nil {
-		w.log.Debug("read gateway overload", "err", err)
-		lags = map[string]int32{}
+	before := w.last.Swap(o)
+	if before != nil && len(before.lags) != len(o.lags) {
+		w.log.Info("gateways reporting overload", "count", len(o.lags), "nodes", len(o.nodes))
 	}
-	before := w.lags.Swap(&lags)
-	if before != nil && len(*before) != len(lags) {
-		w.log.Info("gateways reporting overload", "count", len(lags))
-	}
-	w.gauge.Set(float64(len(lags)))
+	w.gauge.Set(float64(len(o.lags)))
 }
 
-// lag says whether gatewayID reports overload, and its lag.
-func (w *overloadWatch) lag(gatewayID string) (time.Duration, bool) {
-	p := w.lags.Load()
-	if p == nil {
-		return 0, false
+func readOverloaded(ctx context.Context, db *pgxpool.Pool) (*overloaded, error) {
+	o := &overloaded{lags: map[string]int32{}, nodes: map[string]string{}}
+	rows, err := db.Query(ctx, overloadedSQL)
+	if err != nil {
+		return nil, err
 	}
-	ms, ok := (*p)[gatewayID]
-	return time.Duration(ms) * time.Millisecond, ok
+	var (
+		id, node string
+		lag      int32
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &lag}, func() error { o.lags[id] = lag; return nil }); err != nil {
+		return nil, err
+	}
+	if len(o.lags) == 0 {
+		return o, nil
+	}
+	rows, err = db.Query(ctx, overloadedNodesSQL, slices.Collect(maps.Keys(o.lags)))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := pgx.ForEachRow(rows, []any{&node, &id}, func() error { o.nodes[node] = id; return nil }); err != nil {
+		return nil, err
+	}
+	return o, nil
 }
 
-// anyOverloaded is false when no gateway reports overload: CreateCommand
-// then pays nothing for admission.
-func (w *overloadWatch) anyOverloaded() bool {
-	p := w.lags.Load()
-	return p != nil && len(*p) > 0
+// refusal is the RESOURCE_EXHAUSTED a new command for nodeID gets while
+// the gateway holding its session reports overload, else nil.
+func (w *overloadWatch) refusal(nodeID string) *connect.Error {
+	o := w.last.Load()
+	if o == nil {
+		return nil
+	}
+	gw, ok := o.nodes[nodeID]
+	if !ok {
+		return nil
+	}
+	w.refused.Inc()
+	return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf(
+		"node_id: node %q is served by gateway %q, which is overloaded (commands wait %s for it); retry in a few seconds",
+		nodeID, gw, time.Duration(o.lags[gw])*time.Millisecond))
 }

@@ -50,8 +50,11 @@ func TestCreateCommandRefusedWhileItsGatewayIsOverloaded(t *testing.T) {
 	ce := requireConnectError(t, err, connect.CodeResourceExhausted)
 	require.Contains(t, ce.Message(), `node "node-1" is served by gateway "gw-1", which is overloaded`)
 	require.Contains(t, ce.Message(), "2.5s")
-	require.Equal(t, before, b.count(`SELECT count(*) FROM commands`), "the refused command is not written")
-	require.Equal(t, 1.0, testutil.ToFloat64(w.refused))
+	_, err = b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{
+		NodeId: "node-1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`)}))
+	requireCode(t, err, connect.CodeResourceExhausted, "without a key: refused before the transaction")
+	require.Equal(t, before, b.count(`SELECT count(*) FROM commands`), "the refused commands are not written")
+	require.Equal(t, 2.0, testutil.ToFloat64(w.refused))
 
 	b.exec(`UPDATE commands SET payload = '{"argv":["true"]}' WHERE idempotency_key = 'before'`)
 	again, err := create("node-1", "before")
@@ -66,7 +69,7 @@ func TestCreateCommandRefusedWhileItsGatewayIsOverloaded(t *testing.T) {
 
 	b.exec(`UPDATE gateway_load SET overloaded = false, lag_ms = 300 WHERE gateway_id = 'gw-1'`)
 	w.read(ctx)
-	require.False(t, w.anyOverloaded())
+	require.Equal(t, 0.0, testutil.ToFloat64(w.gauge))
 	r, err := create("node-1", "k-1")
 	require.NoError(t, err, "admitted again once the gateway is no longer overloaded")
 	require.True(t, r.Msg.GetCreated())
