@@ -162,8 +162,11 @@ func (g *Gateway) loadLoop(ctx context.Context) {
 	}
 }
 
-// publishLoad writes the gateway_load row, fenced on the gateway lease.
+// publishLoad writes the gateway_load row, fenced on the gateway lease; a
+// database that does not answer holds the loop for loadRefresh at most.
 func (g *Gateway) publishLoad(ctx context.Context, lag time.Duration, over bool) error {
+	ctx, cancel := context.WithTimeout(ctx, loadRefresh)
+	defer cancel()
 	l, _ := g.keeper.Current()
 	return g.runFenced(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, publishLoadSQL, g.id, l.Epoch, min(lag.Milliseconds(), 1<<31-1), over)
