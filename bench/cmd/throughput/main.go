@@ -55,7 +55,12 @@ type config struct {
 	durable, river, ceiling     bool
 	nodesProcess                bool
 	keep                        bool
-	gatewayArgs                 []string
+	gatewayArgs, apiArgs        []string
+	// the overload scenario (overload.go)
+	overload                bool
+	overloadFactor          float64
+	overloadFor, recoverFor time.Duration
+	gatewayCPUs             float64
 }
 
 type measurement struct {
@@ -154,6 +159,8 @@ type result struct {
 	Concurrency int            `json:"concurrency"`
 	Rate        float64        `json:"offered_rate_per_sec,omitempty"`
 	GatewayArgs []string       `json:"gateway_args,omitempty"`
+	APIArgs     []string       `json:"api_args,omitempty"`
+	GatewayCPUs float64        `json:"gateway_cpus,omitempty"`
 	Producer    string         `json:"producer"`
 	NodesProc   bool           `json:"nodes_in_own_process"`
 	Window      float64        `json:"window_s"`
@@ -164,6 +171,8 @@ type result struct {
 	RiverBest float64      `json:"river_best_completed_per_sec"`
 	Ratio     float64      `json:"ratio_leasehold_3gw_over_river_best"`
 	Ratio1    float64      `json:"ratio_leasehold_1gw_over_river_best"`
+	// Overload is the -overload scenario after the first leasehold run.
+	Overload *overloadResult `json:"overload,omitempty"`
 }
 
 // logf is harness.Logf.
@@ -190,11 +199,26 @@ func main() {
 	flag.BoolVar(&c.ceiling, "ceiling", true, "first measure the creators alone: unpaced single-row inserts into commands, nothing dispatching them (what this machine can insert at all)")
 	flag.BoolVar(&c.keep, "keep", false, "keep each run's work directory with every process's log")
 	flag.BoolVar(&c.nodesProcess, "nodes-process", true, "run the simulated nodes in a nodesim process of their own, as River's worker has its own (false: in the bench process beside the creators)")
+	flag.BoolVar(&c.overload, "overload", false, "after the first leasehold run (its completed/s is the maximum), offer -overload-factor times that for -overload-for, then half of it for -recover-for: completions against the maximum, the api's refusals (with -producer api), the seconds a gateway reported overload, recovery of p99")
+	flag.Float64Var(&c.overloadFactor, "overload-factor", 2, "overload scenario: offered rate as a multiple of the maximum")
+	flag.DurationVar(&c.overloadFor, "overload-for", 30*time.Second, "overload scenario: how long the overload lasts")
+	flag.DurationVar(&c.recoverFor, "recover-for", 40*time.Second, "overload scenario: how long half the maximum is offered after it")
+	flag.Float64Var(&c.gatewayCPUs, "gateway-cpus", 0, "cap each gateway at this many cores (a cgroup's CPU quota; 0: no cap), so the gateways, not the creators, are what saturates on a small machine")
+	flag.Func("api-arg", "an extra api flag, e.g. --api.overload-admission=false (repeatable)", func(v string) error {
+		c.apiArgs = append(c.apiArgs, v)
+		return nil
+	})
 	flag.Func("gateway-arg", "an extra gateway flag, e.g. --gateway.dispatch-batch=100 (repeatable)", func(v string) error {
 		c.gatewayArgs = append(c.gatewayArgs, v)
 		return nil
 	})
 	flag.Parse()
+	if c.overload {
+		if c.overloadFor <= overloadWarmup {
+			fmt.Fprintf(os.Stderr, "throughput: -overload-for %s must be longer than %s\n", c.overloadFor, overloadWarmup)
+			os.Exit(2)
+		}
+	}
 	for _, l := range []struct {
 		flag, val string
 		out       *[]int
@@ -241,7 +265,7 @@ func run(ctx context.Context, c config, sup *harness.Supervisor, started func(*f
 	defer srv.Stop()
 	defer sup.Stop()
 	r := &result{Machine: harness.Host(), Database: srv.Desc, Date: time.Now().UTC().Format(time.RFC3339), Nodes: c.nodes,
-		Concurrency: c.concurrency, Rate: c.rate, GatewayArgs: c.gatewayArgs, NodesProc: c.nodesProcess, Producer: c.producer, Window: c.window.Seconds()}
+		Concurrency: c.concurrency, Rate: c.rate, GatewayArgs: c.gatewayArgs, APIArgs: c.apiArgs, GatewayCPUs: c.gatewayCPUs, NodesProc: c.nodesProcess, Producer: c.producer, Window: c.window.Seconds()}
 	if c.ceiling {
 		m, err := insertCeiling(ctx, c, srv)
 		if err != nil {
@@ -255,7 +279,11 @@ func run(ctx context.Context, c config, sup *harness.Supervisor, started func(*f
 		if i == 0 {
 			backlog = c.backlog
 		}
-		m, bl, dir, err := leasehold(ctx, c, srv, sup, g, backlog, binDir, started)
+		var ov **overloadResult
+		if i == 0 && c.overload {
+			ov = &r.Overload
+		}
+		m, bl, dir, err := leasehold(ctx, c, srv, sup, g, backlog, binDir, started, ov)
 		if err != nil {
 			return nil, err
 		}
@@ -375,11 +403,11 @@ const (
 	renewMetric        = "leasehold_gateway_lease_renew_seconds"
 )
 
-func leasehold(ctx context.Context, c config, srv *harness.Server, sup *harness.Supervisor, gateways, backlog int, binDir string, started func(*fleet.Fleet)) (measurement, *backlogResult, string, error) {
+func leasehold(ctx context.Context, c config, srv *harness.Server, sup *harness.Supervisor, gateways, backlog int, binDir string, started func(*fleet.Fleet), overload **overloadResult) (measurement, *backlogResult, string, error) {
 	m := measurement{System: "leasehold", Gateways: gateways}
 	f, err := fleet.Start(ctx, fleet.Options{Gateways: gateways, Timings: fleet.Real, NoAPI: c.producer != "api",
 		MaxConns: c.nodes + 100, BinDir: binDir, Server: srv, Durable: c.durable, Log: logf,
-		GatewayArgs: c.gatewayArgs})
+		GatewayArgs: c.gatewayArgs, APIArgs: c.apiArgs})
 	started(f)
 	keepBins := binDir == ""
 	dir := ""
@@ -401,6 +429,16 @@ func leasehold(ctx context.Context, c config, srv *harness.Server, sup *harness.
 	}()
 	if err != nil {
 		return m, nil, dir, err
+	}
+	if c.gatewayCPUs > 0 {
+		for _, g := range f.Gateways {
+			undo, err := harness.LimitCPU(g.Name, g.Proc.Cmd.Process.Pid, c.gatewayCPUs)
+			if err != nil {
+				return m, nil, dir, fmt.Errorf("-gateway-cpus: %w", err)
+			}
+			defer undo()
+		}
+		logf("each gateway capped at %.2f cores", c.gatewayCPUs)
 	}
 	ids, creds, err := harness.RegisterNodes(ctx, f.DB.Pool, "node", c.nodes)
 	if err != nil {
@@ -457,8 +495,16 @@ func leasehold(ctx context.Context, c config, srv *harness.Server, sup *harness.
 	m.Latency, err = latencies(ctx, f.DB, `SELECT extract(epoch FROM finished_at - created_at) /*bench*/ FROM commands WHERE state = 'succeeded'`)
 	logf("  %.0f created/s, %.0f completed/s, latency %s; per command: PostgreSQL CPU %.2f ms, %.2f statements, %.2f commits, %.2f row writes, %.0f WAL bytes; dispatch call p50 %.1f ms p99 %.1f ms (load %s)",
 		m.CreatedPS, m.CompletedPS, m.Latency, m.PGCPUms, m.Statements, m.Commits, m.RowWrites, m.WALBytes, m.DispatchCallP50*1000, m.DispatchCallP99*1000, m.Load)
-	if err != nil || backlog <= 0 {
+	if err != nil {
 		return m, nil, dir, err
+	}
+	if overload != nil {
+		if *overload, err = overloadRun(ctx, c, f, prod, ids, count, m.CompletedPS); err != nil {
+			return m, nil, dir, err
+		}
+	}
+	if backlog <= 0 {
+		return m, nil, dir, nil
 	}
 	// The same drain with one pending command per node, many times over:
 	// the baseline the issue's "within 2x of 300 pending" compares with.
@@ -723,6 +769,9 @@ func poll(ctx context.Context, timeout time.Duration, cond func() bool) error {
 func (r *result) print(w io.Writer) {
 	fmt.Fprintf(w, "\nthroughput: %d nodes, %d concurrent creators (leasehold via %s), %.0f s window; %s; machine %s; %s\n\n",
 		r.Nodes, r.Concurrency, r.Producer, r.Window, r.Database, r.Machine, r.Date)
+	if r.GatewayCPUs > 0 || len(r.GatewayArgs)+len(r.APIArgs) > 0 {
+		fmt.Fprintf(w, "gateways capped at %.2f cores (0: not capped); gateway flags %q; api flags %q\n\n", r.GatewayCPUs, r.GatewayArgs, r.APIArgs)
+	}
 	fmt.Fprintln(w, "| system | gateways / MaxWorkers | created/s | completed/s | latency p50 | latency p99 | PG CPU ms/cmd | statements/cmd | commits/cmd | row writes/cmd | indexed writes/cmd | HOT updates | WAL bytes/cmd | unfinished | load |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, m := range slices.Clone(r.Results) {
@@ -746,6 +795,9 @@ func (r *result) print(w io.Writer) {
 			fmt.Fprintf(w, " 3 gateways %.2f", r.Ratio)
 		}
 		fmt.Fprintln(w)
+	}
+	if r.Overload != nil {
+		r.Overload.print(w)
 	}
 	if b := r.Backlog; b != nil {
 		fmt.Fprintf(w, "\nbacklog: %d pending drained in %.1f s (%.0f/s, %d unfinished), load %s\n", b.Pending, b.DrainSeconds, b.DrainedPS, b.Unfinished, b.Load)

@@ -58,6 +58,7 @@ type Options struct {
 	Timings     Timings
 	GatewayArgs []string // extra gateway flags
 	WorkerArgs  []string // extra worker flags
+	APIArgs     []string // extra api flags
 	NoAPI       bool
 	MaxConns    int // balancer connection limit
 	// Scale, when its Rate is above 1, runs every service and the
@@ -151,10 +152,11 @@ func Start(ctx context.Context, o Options) (*Fleet, error) {
 			return f, err
 		}
 		f.APIAddr = harness.FreeAddr()
-		if f.API, err = f.service(ctx, "api", "api-1", "--listen-addr", f.APIAddr, "--tokens-file", tokens,
-			// The benches are the one caller and measure throughput: no
-			// per-token rate limit.
-			"--api.default-command-timeout", "24h", "--api.rate-limit", "0"); err != nil {
+		// The benches are the one caller and measure throughput: no
+		// per-token rate limit.
+		args := append([]string{"--listen-addr", f.APIAddr, "--tokens-file", tokens,
+			"--api.default-command-timeout", "24h", "--api.rate-limit", "0"}, o.APIArgs...)
+		if f.API, err = f.service(ctx, "api", "api-1", args...); err != nil {
 			return f, fmt.Errorf("%w (rerun with -producer sql to create commands without the api)", err)
 		}
 	}
