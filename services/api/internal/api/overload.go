@@ -30,8 +30,13 @@ import (
 // backlog, and with it create-to-done, stays bounded instead of growing
 // for as long as the overload lasts.
 
-// overloadPoll is how often the api reads the gateways' overload.
-const overloadPoll = time.Second
+// overloadPoll is how often the api reads the gateways' overload: often
+// enough that a gateway that drained its backlog is fed again before it
+// runs dry; overloadReadTimeout bounds one read.
+const (
+	overloadPoll        = 250 * time.Millisecond
+	overloadReadTimeout = time.Second
+)
 
 // overloadedSQL lists the gateways that report overload and still hold
 // their lease (a dead gateway's row is ignored), with their lag.
@@ -96,7 +101,7 @@ func (w *overloadWatch) run(ctx context.Context) {
 func (w *overloadWatch) read(ctx context.Context) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	rctx, cancel := context.WithTimeout(ctx, overloadPoll)
+	rctx, cancel := context.WithTimeout(ctx, overloadReadTimeout)
 	defer cancel()
 	o, err := readOverloaded(rctx, w.db)
 	if err != nil {
