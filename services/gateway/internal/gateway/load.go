@@ -96,6 +96,10 @@ type overloadDetector struct {
 	leftAt    time.Time
 }
 
+// reset forgets every sample: overload is off and the next lag past the
+// bound waits the whole hold.
+func (d *overloadDetector) reset() { d.highSince, d.over, d.leftAt = time.Time{}, false, time.Time{} }
+
 // observe feeds one sample taken at now and returns whether the gateway
 // reports overload.
 func (d *overloadDetector) observe(now time.Time, lag time.Duration) bool {
@@ -138,6 +142,13 @@ func (g *Gateway) loadLoop(ctx context.Context) {
 		}
 		now := g.clock.Now()
 		lag := g.waits.take() + g.ingest.oldest()
+		if g.Fenced() {
+			// Without its lease the gateway dispatches nothing and its
+			// row is not trusted; what it waited through (a database
+			// outage, a pause) is no overload, so the hold starts over.
+			det.reset()
+			lag = 0
+		}
 		over := det.observe(now, lag)
 		g.m.lag.Set(lag.Seconds())
 		if over {

@@ -41,6 +41,9 @@ func TestOverloadDetector(t *testing.T) {
 	for _, s := range steps {
 		require.Equal(t, s.want, d.observe(at(s.sec), s.lag), "at %ds, lag %s: %s", s.sec, s.lag, s.why)
 	}
+	require.True(t, d.observe(at(100), 5*time.Second), "one more second past the bound")
+	d.reset()
+	require.False(t, d.observe(at(101), 5*time.Second), "after a reset (the lease lost) the hold starts over, with no rearm")
 	off := overloadDetector{hold: 0}
 	require.False(t, off.observe(t0, time.Hour), "a bound of 0 never reports overload")
 }
