@@ -10,7 +10,8 @@
 //     leases, River's leader election side by side, coordination load of
 //     1/4/16/64 members.
 //   - cmd/throughput: commands/s end to end through 1 and 3 gateways, and
-//     River's jobs/s on the same server.
+//     River's jobs/s on the same server; -overload offers twice what one
+//     gateway completes and measures admission and recovery.
 //   - cmd/riverclient: the River client process the two above start.
 //   - cmd/nodeagent: the real node agent (leasehold-node) against its
 //     targets: idle RSS and CPU, exec /bin/true create-to-done and its

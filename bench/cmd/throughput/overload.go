@@ -48,8 +48,11 @@ type overloadResult struct {
 	OverloadP99       float64 `json:"overload_p99_s"`
 	RecoverSeconds    float64 `json:"recovered_after_s"` // -1: not within -recover-for
 	RecoveryRate      float64 `json:"recovery_offered_per_sec"`
-	Secs              float64 `json:"overload_s"`
-	Load              string  `json:"load_average"`
+	// RecoveryP99s is create-to-done p99 per second after the overload,
+	// by the second the commands were created in.
+	RecoveryP99s []float64 `json:"recovery_p99_per_second_s"`
+	Secs         float64   `json:"overload_s"`
+	Load         string    `json:"load_average"`
 }
 
 // drive offers rate creates per second for d from creators goroutines;
@@ -172,7 +175,7 @@ SELECT floor(extract(epoch FROM created_at - $1))::int AS sec,
 	if _, err := pgx.ForEachRow(rows, []any{&sec, &p99}, func() error { p99s = append(p99s, p99); return nil }); err != nil {
 		return nil, fmt.Errorf("recovery p99 per second: %w", err)
 	}
-	r.RecoverSeconds = recoveredAfter(p99s)
+	r.RecoverSeconds, r.RecoveryP99s = recoveredAfter(p99s), p99s
 	logf("  overload p99 %.3f s; after the overload, every second's p99 < %.1f s from %.0f s on (load %s)", r.OverloadP99, recoveredP99, r.RecoverSeconds, r.Load)
 	return r, nil
 }
@@ -192,4 +195,9 @@ func (o *overloadResult) print(w io.Writer) {
 		o.Producer, o.OfferedPS, o.AttemptedPS, o.AdmittedPS, o.RefusedPS, o.MaxPS, o.CompletedPS, 100*o.Share, o.OverloadP99, o.OverloadedSeconds, o.Secs)
 	fmt.Fprintf(w, "recovery at %.0f/s: every second's create-to-done p99 < %.1f s from %.0f s after the overload (target <= 30 s; -1: never) (load %s)\n",
 		o.RecoveryRate, recoveredP99, o.RecoverSeconds, o.Load)
+	fmt.Fprint(w, "p99 per second after it:")
+	for _, p := range o.RecoveryP99s {
+		fmt.Fprintf(w, " %.2f", p)
+	}
+	fmt.Fprintln(w)
 }
