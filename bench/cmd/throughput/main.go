@@ -703,34 +703,18 @@ func measure(ctx context.Context, c config, create func(context.Context) error, 
 	cctx, stop := context.WithCancel(ctx)
 	var n, errs atomic.Int64
 	var firstErr atomic.Value
-	var wg sync.WaitGroup
 	start := time.Now()
-	tokens := pace(cctx, c.rate, c.concurrency)
-	for range c.concurrency {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for cctx.Err() == nil {
-				if tokens != nil {
-					select {
-					case <-tokens:
-					case <-cctx.Done():
-						return
-					}
-				}
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(cctx), 10*time.Second)
-				err := create(rctx)
-				cancel()
-				if err != nil {
-					if errs.Add(1) == 1 {
-						firstErr.Store(err)
-					}
-					continue
-				}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		runCreators(cctx, c.concurrency, pace(cctx, c.rate, c.concurrency), create, func(err error) {
+			if err == nil {
 				n.Add(1)
+			} else if errs.Add(1) == 1 {
+				firstErr.Store(err)
 			}
-		}()
-	}
+		})
+	}()
 	_ = harness.Sleep(ctx, c.warmup)
 	c0 := completed()
 	sample(true)
@@ -738,12 +722,38 @@ func measure(ctx context.Context, c config, create func(context.Context) error, 
 	c1 := completed()
 	sample(false)
 	stop()
-	wg.Wait()
+	<-stopped
 	el := time.Since(start).Seconds()
 	if e := errs.Load(); e > 0 {
 		logf("  %d create errors, first: %v", e, firstErr.Load())
 	}
 	return n.Load(), float64(n.Load()) / el, c1 - c0, ctx.Err()
+}
+
+// runCreators runs n creators until ctx ends, each creating one command
+// (or job) at a time within 10 s, after taking a token when tokens is not
+// nil (unpaced otherwise), and reporting each outcome to done. It returns
+// once every creator has stopped.
+func runCreators(ctx context.Context, n int, tokens <-chan struct{}, create func(context.Context) error, done func(error)) {
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				if tokens != nil {
+					select {
+					case <-tokens:
+					case <-ctx.Done():
+						return
+					}
+				}
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+				err := create(rctx)
+				cancel()
+				done(err)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 func latencies(ctx context.Context, db *harness.Database, sql string) (harness.Dist, error) {

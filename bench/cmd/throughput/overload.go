@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -63,34 +62,19 @@ func drive(ctx context.Context, creators int, rate float64, d time.Duration, cre
 	defer stop()
 	var t, o, r, other atomic.Int64
 	var firstErr atomic.Value
-	tokens := pace(cctx, rate, creators)
-	var wg sync.WaitGroup
-	for range creators {
-		wg.Go(func() {
-			for {
-				select {
-				case <-tokens:
-				case <-cctx.Done():
-					return
-				}
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(cctx), 10*time.Second)
-				err := create(rctx)
-				cancel()
-				t.Add(1)
-				switch {
-				case err == nil:
-					o.Add(1)
-				case connect.CodeOf(err) == connect.CodeResourceExhausted:
-					r.Add(1)
-				default:
-					if other.Add(1) == 1 {
-						firstErr.Store(err)
-					}
-				}
+	runCreators(cctx, creators, pace(cctx, rate, creators), create, func(err error) {
+		t.Add(1)
+		switch {
+		case err == nil:
+			o.Add(1)
+		case connect.CodeOf(err) == connect.CodeResourceExhausted:
+			r.Add(1)
+		default:
+			if other.Add(1) == 1 {
+				firstErr.Store(err)
 			}
-		})
-	}
-	wg.Wait()
+		}
+	})
 	if n := other.Load(); n > 0 {
 		logf("  %d create errors other than refusals, first: %v", n, firstErr.Load())
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -36,13 +35,7 @@ func TestRecoveredAfter(t *testing.T) {
 // the recovery per second. Figures are not asserted: a busy machine moves
 // them.
 func TestOverloadSmoke(t *testing.T) {
-	if testing.Short() {
-		t.Skip("real processes")
-	}
-	if _, err := exec.LookPath("haproxy"); err != nil {
-		t.Skip("haproxy not installed")
-	}
-	t.Setenv("LEASEHOLD_DATABASE_URL", "")
+	skipWithoutProcesses(t)
 	c := config{nodes: 20, gateways: []int{1}, concurrency: 4, rate: 100,
 		warmup: time.Second, window: 2 * time.Second, drain: time.Minute, producer: "api", nodesProcess: true,
 		overload: true, overloadFactor: 2, overloadFor: overloadWarmup + time.Second, recoverFor: 2 * time.Second}

@@ -20,13 +20,7 @@ import (
 // created (its latency is read from every completed row), with its costs
 // per command read from pg_stat_statements; the ratio is computed.
 func TestThroughputSmoke(t *testing.T) {
-	if testing.Short() {
-		t.Skip("real processes")
-	}
-	if _, err := exec.LookPath("haproxy"); err != nil {
-		t.Skip("haproxy not installed")
-	}
-	t.Setenv("LEASEHOLD_DATABASE_URL", "") // a throwaway local cluster: its CPU is read from /proc
+	skipWithoutProcesses(t)
 	c := config{nodes: 20, gateways: []int{1}, concurrency: 4, rate: 100, riverWorkers: []int{10}, river: true,
 		warmup: time.Second, window: 2 * time.Second, drain: time.Minute, producer: "sql", nodesProcess: true}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -56,4 +50,18 @@ func TestThroughputSmoke(t *testing.T) {
 	require.Positive(t, res.RiverBest)
 	require.Positive(t, res.Ratio1)
 	t.Logf("leasehold 1 gateway %.0f completed/s, River %.0f completed/s (paced to %.0f/s)", lh.CompletedPS, rv.CompletedPS, c.rate)
+}
+
+// skipWithoutProcesses skips a run of real processes under -short or
+// without haproxy, and points the run at a throwaway local cluster (its CPU
+// is read from /proc).
+func skipWithoutProcesses(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	if _, err := exec.LookPath("haproxy"); err != nil {
+		t.Skip("haproxy not installed")
+	}
+	t.Setenv("LEASEHOLD_DATABASE_URL", "")
 }
