@@ -17,3 +17,12 @@ func GatewayLeaseLive(gatewayID string) string {
 	return `EXISTS (SELECT 1 FROM leases gl WHERE gl.name = '` + GatewayLeasePrefix + `' || ` + gatewayID +
 		` AND gl.owner IS NOT NULL AND gl.expires_at > compute_now())`
 }
+
+// GatewayLeaseLiveAt is GatewayLeaseLive at one epoch: true only while the
+// lease is held at the SQL expression epoch, so a row a gateway wrote
+// under its lease is not trusted once another holder (the same id
+// restarted, a successor) has taken the lease since.
+func GatewayLeaseLiveAt(gatewayID, epoch string) string {
+	return `EXISTS (SELECT 1 FROM leases gl WHERE gl.name = '` + GatewayLeasePrefix + `' || ` + gatewayID +
+		` AND gl.epoch = ` + epoch + ` AND gl.owner IS NOT NULL AND gl.expires_at > compute_now())`
+}

@@ -39,10 +39,12 @@ const (
 )
 
 // overloadedSQL lists the gateways that report overload and still hold
-// their lease (a dead gateway's row is ignored), with their lag.
+// their lease at the epoch they wrote the row under (a dead gateway's row,
+// or one a restarted gateway has not yet rewritten, is ignored), with
+// their lag.
 var overloadedSQL = `
 SELECT l.gateway_id, l.lag_ms FROM gateway_load l
- WHERE l.overloaded AND ` + coord.GatewayLeaseLive("l.gateway_id")
+ WHERE l.overloaded AND ` + coord.GatewayLeaseLiveAt("l.gateway_id", "l.lease_epoch")
 
 // overloadedNodesSQL lists the nodes whose session an overloaded gateway
 // holds; read only while some gateway reports overload.

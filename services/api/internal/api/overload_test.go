@@ -16,29 +16,32 @@ import (
 // command for its nodes (RESOURCE_EXHAUSTED naming the gateway and its lag,
 // nothing written); a repeat of an idempotent create still gets its
 // command; nodes of another gateway, and nodes with no session, are
-// admitted; a row of a gateway whose lease lapsed is ignored; and once the
-// gateway reports it is no longer overloaded, its nodes are admitted again.
+// admitted; a row of a gateway whose lease lapsed, or one written under an
+// earlier epoch of its lease, is ignored; and once the gateway reports it is
+// no longer overloaded, its nodes are admitted again.
 func TestCreateCommandRefusedWhileItsGatewayIsOverloaded(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(c *Config, _ *http.Transport) { c.OverloadAdmission = true })
 	ctx := ctxT(t)
-	for _, n := range []string{"node-1", "node-2", "node-3", "node-4"} {
+	for _, n := range []string{"node-1", "node-2", "node-3", "node-4", "node-5"} {
 		b.registerNode(n, nil)
 	}
 	b.exec(`INSERT INTO leases (name, owner, epoch, expires_at) VALUES
   ('gateway:gw-1', 'gw-1', 3, compute_now() + interval '1 hour'),
   ('gateway:gw-2', 'gw-2', 1, compute_now() + interval '1 hour'),
-  ('gateway:gw-3', 'gw-3', 1, compute_now() - interval '1 second')`)
+  ('gateway:gw-3', 'gw-3', 1, compute_now() - interval '1 second'),
+  ('gateway:gw-4', 'gw-4', 5, compute_now() + interval '1 hour')`)
 	b.exec(`INSERT INTO node_sessions (node_id, gateway_id, state, session_expires_at) VALUES
   ('node-1', 'gw-1', 'connected', compute_now() + interval '1 hour'),
   ('node-2', 'gw-2', 'connected', compute_now() + interval '1 hour'),
-  ('node-3', 'gw-3', 'connected', compute_now() + interval '1 hour')`)
+  ('node-3', 'gw-3', 'connected', compute_now() + interval '1 hour'),
+  ('node-5', 'gw-4', 'connected', compute_now() + interval '1 hour')`)
 	b.exec(`INSERT INTO gateway_load (gateway_id, lease_epoch, lag_ms, overloaded) VALUES
-  ('gw-1', 3, 2500, true), ('gw-2', 1, 40, false), ('gw-3', 1, 9000, true)`)
+  ('gw-1', 3, 2500, true), ('gw-2', 1, 40, false), ('gw-3', 1, 9000, true), ('gw-4', 4, 9000, true)`)
 	w := b.svc.handler.overload
 	require.NotNil(t, w)
 	w.read(ctx)
-	require.Equal(t, 1.0, testutil.ToFloat64(w.gauge), "gw-3's lease lapsed: its row is ignored")
+	require.Equal(t, 1.0, testutil.ToFloat64(w.gauge), "gw-3's lease lapsed and gw-4's row is of an earlier epoch: both ignored")
 
 	create := func(node, key string) (*connect.Response[controlv1.CreateCommandResponse], error) {
 		return b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{
@@ -61,9 +64,9 @@ func TestCreateCommandRefusedWhileItsGatewayIsOverloaded(t *testing.T) {
 	require.NoError(t, err, "a repeat of an idempotent create gets its command while the gateway is overloaded")
 	require.False(t, again.Msg.GetCreated())
 
-	for _, n := range []string{"node-2", "node-3", "node-4"} {
+	for _, n := range []string{"node-2", "node-3", "node-4", "node-5"} {
 		r, err := create(n, "k-1")
-		require.NoError(t, err, "%s: its gateway is not overloaded, its lease lapsed, or it has no session", n)
+		require.NoError(t, err, "%s: its gateway is not overloaded, its lease lapsed, it has no session, or the row predates the lease's epoch", n)
 		require.True(t, r.Msg.GetCreated())
 	}
 
