@@ -166,7 +166,22 @@ func TestKeeperStopsTrustingAtItsDeadlineAndTakesANewEpoch(t *testing.T) {
 	require.NoError(t, clock.BlockUntilContext(context.Background(), 1))
 	clock.Advance(11 * time.Minute)
 	require.Contains(t, receive(t, ev.lost, "the loss"), "no successful renewal")
-	second := receive(t, ev.acquired, "the second take")
+	// The take comes at a later tick of the keeper's ticker. The advance
+	// above may have left no tick pending after the one that found the
+	// loss (the fake ticker fires into a buffer of one, however far the
+	// clock jumps), so the clock moves on a tick at a time until the take
+	// is seen: driving the clock, not waiting on real time for a tick that
+	// may never come.
+	var second coord.Lease
+	require.Eventually(t, func() bool {
+		select {
+		case second = <-ev.acquired:
+			return true
+		default:
+			clock.Advance(time.Second)
+			return false
+		}
+	}, 30*time.Second, 10*time.Millisecond, "the second take")
 	require.Greater(t, second.Epoch, first.Epoch, "a new holding, a new epoch")
 
 	stale := first
