@@ -137,7 +137,11 @@ func TestTunnelDrainWithCommands(t *testing.T) {
 	t.Logf("drained %d bytes in %s (%.1f MiB/s) while %d commands ran", total, took.Round(time.Millisecond),
 		float64(total)/(1<<20)/took.Seconds(), len(done))
 
-	require.GreaterOrEqual(t, len(done), 2, "commands ran during the drain")
+	// Every command in done was created while the drain ran (the loop
+	// starts none after it); how many fit depends on how fast this machine
+	// drains 64 MiB (0.6 s in one CI run: one command), so the test asks
+	// for one and checks that none waited behind the tunnel.
+	require.NotEmpty(t, done, "a command ran during the drain")
 	var slowest time.Duration
 	for i, r := range done {
 		require.Equal(t, controlv1.CommandState_COMMAND_STATE_SUCCEEDED, r.state, "command %d of %d (took %s)", i+1, len(done), r.took)
