@@ -225,6 +225,14 @@ func (k *Keeper) grant(l Lease, sent time.Time, fresh bool) {
 	}
 	l.ValidUntil = trustUntil
 	k.mu.Lock()
+	if !fresh && (!k.held || k.lease.Epoch != l.Epoch) {
+		// The holding was dropped (Drop, a fence that found it lost, or
+		// Release) while its renewal was in flight: it stays dropped, and
+		// the next take starts a new holding at a new epoch. Granting the
+		// renewal would trust again what the holder already gave up.
+		k.mu.Unlock()
+		return
+	}
 	k.lease, k.held, k.lastSent, k.trustUntil, k.lastErr = l, true, sent, trustUntil, nil
 	var started chan struct{}
 	if fresh {

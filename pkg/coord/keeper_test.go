@@ -190,6 +190,61 @@ func TestKeeperStopsTrustingAtItsDeadlineAndTakesANewEpoch(t *testing.T) {
 	require.ErrorIs(t, err, coord.ErrLeaseLost, "nothing of the old holding passes the fence")
 }
 
+// TestKeeperDropDuringARenewalStaysDropped: a holding dropped while its
+// renewal is in flight is not trusted again when the renewal comes back;
+// the keeper takes the lease anew, at a new epoch, and says so.
+func TestKeeperDropDuringARenewalStaysDropped(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	clock := clockwork.NewFakeClock()
+	client, err := coord.NewClient(db, "gw-3", coord.WithClock(clock))
+	require.NoError(t, err)
+	ev := newKeeperEvents()
+	k, err := coord.NewKeeper(client, ev.config("gateway:gw-3", time.Hour, time.Minute, 10*time.Minute), nil)
+	require.NoError(t, err)
+	runKeeper(t, k)
+	first := receive(t, ev.acquired, "the first take")
+
+	// Hold the lease row so the next renewal waits on it, in flight.
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM leases WHERE name = 'gateway:gw-3' FOR UPDATE`)
+	require.NoError(t, err)
+	require.NoError(t, clock.BlockUntilContext(ctx, 1))
+	clock.Advance(time.Minute)
+	require.Eventually(t, func() bool {
+		var waiting int
+		err := db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
+		return err == nil && waiting > 0
+	}, 30*time.Second, 10*time.Millisecond, "the renewal waits on the row")
+
+	k.Drop("test: dropped during the renewal")
+	require.Contains(t, receive(t, ev.lost, "the drop"), "dropped during the renewal")
+	require.NoError(t, tx.Commit(ctx)) // the renewal goes through in the database
+	_, ok := k.Current()
+	require.False(t, ok, "dropped")
+
+	var second coord.Lease
+	var retrusted bool
+	require.Eventually(t, func() bool {
+		select {
+		case second = <-ev.acquired:
+			return true
+		default:
+			if l, held := k.Current(); held && l.Epoch == first.Epoch {
+				retrusted = true // held again with no take: the renewal undid the drop
+				return true
+			}
+			clock.Advance(time.Second)
+			return false
+		}
+	}, 30*time.Second, 10*time.Millisecond, "the take after the drop")
+	require.False(t, retrusted, "the renewal that came back after the drop is not trusted")
+	require.Greater(t, second.Epoch, first.Epoch, "a new holding, a new epoch")
+}
+
 // TestKeeperDropsALeaseAFenceFindsLost: another owner took the lease; the
 // next fenced transaction fails, OnLost runs, and Current is empty.
 func TestKeeperDropsALeaseAFenceFindsLost(t *testing.T) {
