@@ -20,6 +20,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -87,6 +88,11 @@ type measurement struct {
 	// share of updates that were HOT (pg_stat_user_tables, every table).
 	IndexedWrites float64 `json:"indexed_row_writes_per_command"`
 	HOTShare      float64 `json:"hot_update_share"`
+	// ProcessCPUms is the CPU each role's processes used per command
+	// completed in the window ("bench" is the creators' process, "pg"
+	// PostgreSQL); TotalCPUms sums them: what a command costs the machine.
+	ProcessCPUms map[string]float64 `json:"process_cpu_ms_per_command,omitempty"`
+	TotalCPUms   float64            `json:"total_cpu_ms_per_command,omitempty"`
 	// leasehold, from the gateways' histograms over the window.
 	DispatchCallP50 float64 `json:"dispatch_call_p50_s,omitempty"`
 	DispatchCallP99 float64 `json:"dispatch_call_p99_s,omitempty"`
@@ -324,13 +330,17 @@ func run(ctx context.Context, c config, sup *harness.Supervisor, started func(*f
 // cost is a cumulative sample of what PostgreSQL spent.
 type cost struct {
 	cpu                        float64
+	procs                      map[string]float64
 	stmts, xacts, rows, walLen int64
 	writes                     harness.TableWrites
 }
 
-func sampleCost(ctx context.Context, srv *harness.Server, db *harness.Database) cost {
+// sampleCost samples PostgreSQL's counters and the CPU of sups' processes
+// and of this one.
+func sampleCost(ctx context.Context, srv *harness.Server, db *harness.Database, sups ...*harness.Supervisor) cost {
 	var c cost
 	c.cpu, _ = srv.CPU()
+	c.procs = harness.CPUByRole(sups...)
 	c.stmts, _ = db.Statements(ctx)
 	c.xacts, _ = db.Xacts(ctx)
 	c.rows, _ = db.RowWrites(ctx)
@@ -355,12 +365,35 @@ func (m *measurement) perCommand(c0, c1 cost) {
 	if upd > 0 {
 		m.HOTShare = float64(hot) / float64(upd)
 	}
+	m.ProcessCPUms = map[string]float64{"pg": m.PGCPUms}
+	m.TotalCPUms = m.PGCPUms
+	for role, end := range c1.procs {
+		if start, ok := c0.procs[role]; ok {
+			ms := (end - start) * 1000 / n
+			m.ProcessCPUms[role] += ms
+			m.TotalCPUms += ms
+		}
+	}
+}
+
+// cpuLine is m's CPU per command by role, the costliest first.
+func (m *measurement) cpuLine() string {
+	roles := make([]string, 0, len(m.ProcessCPUms))
+	for r := range m.ProcessCPUms {
+		roles = append(roles, r)
+	}
+	slices.SortFunc(roles, func(a, b string) int { return cmp.Compare(m.ProcessCPUms[b], m.ProcessCPUms[a]) })
+	parts := make([]string, 0, len(roles))
+	for _, r := range roles {
+		parts = append(parts, fmt.Sprintf("%s %.3f", r, m.ProcessCPUms[r]))
+	}
+	return fmt.Sprintf("CPU ms per command %.3f: %s", m.TotalCPUms, strings.Join(parts, ", "))
 }
 
 // measure runs the creators (create) against db and fills m's counts,
 // rates, load and costs per command over the window; count reads how many
 // are completed.
-func (m *measurement) measure(ctx context.Context, c config, srv *harness.Server, db *harness.Database, create func(context.Context) error, count func() int64) error {
+func (m *measurement) measure(ctx context.Context, c config, srv *harness.Server, db *harness.Database, sup *harness.Supervisor, create func(context.Context) error, count func() int64) error {
 	var c0, c1 cost
 	created, cps, done, err := measure(ctx, c, create, count, func(start bool) {
 		if start {
@@ -370,9 +403,9 @@ func (m *measurement) measure(ctx context.Context, c config, srv *harness.Server
 			// gateway's job (pgdb.RefreshPlanStats), measured as a fresh
 			// install would see it.
 			_ = db.ResetStatements(ctx)
-			c0 = sampleCost(ctx, srv, db)
+			c0 = sampleCost(ctx, srv, db, sup)
 		} else {
-			c1 = sampleCost(ctx, srv, db)
+			c1 = sampleCost(ctx, srv, db, sup)
 		}
 	})
 	if err != nil {
@@ -471,7 +504,7 @@ func leasehold(ctx context.Context, c config, srv *harness.Server, sup *harness.
 		if start {
 			_ = f.DB.ResetStatements(ctx)
 		}
-		cs := sampleCost(ctx, srv, f.DB)
+		cs := sampleCost(ctx, srv, f.DB, f.Sup, sup)
 		dc := gatewayHistograms(ctx, f, dispatchCallMetric)
 		rn := gatewayHistograms(ctx, f, renewMetric)
 		if start {
@@ -495,6 +528,7 @@ func leasehold(ctx context.Context, c config, srv *harness.Server, sup *harness.
 	m.Latency, err = latencies(ctx, f.DB, `SELECT extract(epoch FROM finished_at - created_at) /*bench*/ FROM commands WHERE state = 'succeeded'`)
 	logf("  %.0f created/s, %.0f completed/s, latency %s; per command: PostgreSQL CPU %.2f ms, %.2f statements, %.2f commits, %.2f row writes, %.0f WAL bytes; dispatch call p50 %.1f ms p99 %.1f ms (load %s)",
 		m.CreatedPS, m.CompletedPS, m.Latency, m.PGCPUms, m.Statements, m.Commits, m.RowWrites, m.WALBytes, m.DispatchCallP50*1000, m.DispatchCallP99*1000, m.Load)
+	logf("  %s", m.cpuLine())
 	if err != nil {
 		return m, nil, dir, err
 	}
@@ -641,7 +675,7 @@ func riverRun(ctx context.Context, c config, srv *harness.Server, sup *harness.S
 	}
 	logf("River: %d inserters for %s + %s, worker process with MaxWorkers %d", c.concurrency, c.warmup, c.window, workers)
 	var seq atomic.Int64
-	if err := m.measure(ctx, c, srv, db, func(ctx context.Context) error {
+	if err := m.measure(ctx, c, srv, db, sup, func(ctx context.Context) error {
 		_, err := client.Insert(ctx, noopArgs{N: int(seq.Add(1))}, nil)
 		return err
 	}, count); err != nil {
@@ -653,6 +687,7 @@ func riverRun(ctx context.Context, c config, srv *harness.Server, sup *harness.S
 	m.Latency, err = latencies(ctx, db, `SELECT extract(epoch FROM finalized_at - created_at) /*bench*/ FROM river_job WHERE state = 'completed'`)
 	logf("  %.0f inserted/s, %.0f completed/s, latency %s; per job: PostgreSQL CPU %.2f ms, %.2f statements, %.2f commits, %.2f row writes, %.0f WAL bytes (load %s)",
 		m.CreatedPS, m.CompletedPS, m.Latency, m.PGCPUms, m.Statements, m.Commits, m.RowWrites, m.WALBytes, m.Load)
+	logf("  %s", m.cpuLine())
 	return m, err
 }
 
@@ -679,7 +714,7 @@ func insertCeiling(ctx context.Context, c config, srv *harness.Server) (measurem
 	unpaced := c
 	unpaced.rate = 0
 	logf("inserts alone: %d creators, unpaced, for %s + %s", c.concurrency, c.warmup, c.window)
-	if err := m.measure(ctx, unpaced, srv, db, func(ctx context.Context) error {
+	if err := m.measure(ctx, unpaced, srv, db, nil, func(ctx context.Context) error {
 		_, err := db.Pool.Exec(ctx, `INSERT INTO commands (node_id, kind, payload) VALUES ($1, 'bench.echo', 'x')`, ids[rand.IntN(len(ids))])
 		return err
 	}, count); err != nil {

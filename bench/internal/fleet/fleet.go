@@ -245,8 +245,16 @@ func (f *Fleet) Close(keep bool) {
 }
 
 // ControlClient is a ControlService client with the fleet's token.
+//
+// It speaks HTTP/2 without TLS (h2c), as the CLI does to a plaintext api:
+// every call shares one connection. (http.DefaultClient would speak
+// HTTP/1.1 and keep two idle connections, so concurrent callers would
+// open a connection for most calls.)
 func (f *Fleet) ControlClient() controlv1connect.ControlServiceClient {
-	return controlv1connect.NewControlServiceClient(http.DefaultClient, "http://"+f.APIAddr,
+	protocols := new(http.Protocols)
+	protocols.SetUnencryptedHTTP2(true)
+	client := &http.Client{Transport: &http.Transport{Protocols: protocols}}
+	return controlv1connect.NewControlServiceClient(client, "http://"+f.APIAddr,
 		connect.WithInterceptors(bearer(f.Token)))
 }
 

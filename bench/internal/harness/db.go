@@ -9,7 +9,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -271,35 +270,17 @@ func (s *Server) CPU() (secs float64, ok bool) {
 		return 0, false
 	}
 	pid := strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0])
-	ticks := func(p string, withChildren bool) (int64, string) {
-		raw, err := os.ReadFile("/proc/" + p + "/stat")
-		if err != nil {
-			return 0, ""
-		}
-		// Fields after the command name, which is in parentheses.
-		f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
-		if len(f) < 15 {
-			return 0, ""
-		}
-		// utime, stime, cutime, cstime; a field that does not parse counts 0.
-		field := func(i int) int64 { v, _ := strconv.ParseInt(f[i], 10, 64); return v }
-		n := field(11) + field(12)
-		if withChildren {
-			n += field(13) + field(14)
-		}
-		return n, f[1] // f[1] is the parent pid
-	}
-	total, _ := ticks(pid, true)
+	total, _, _ := procStat(pid, true)
 	procs, _ := os.ReadDir("/proc")
 	for _, e := range procs {
 		if e.Name()[0] < '0' || e.Name()[0] > '9' {
 			continue
 		}
-		if n, ppid := ticks(e.Name(), false); ppid == pid {
+		if n, ppid, ok := procStat(e.Name(), false); ok && ppid == pid {
 			total += n
 		}
 	}
-	return float64(total) / 100, true // USER_HZ is 100 on Linux
+	return float64(total) / userHZ, true
 }
 
 // StatementCost is one normalised statement, how often it ran and the
