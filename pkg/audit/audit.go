@@ -58,6 +58,42 @@ func Record(ctx context.Context, q pgdb.Querier, ev Event) error {
 	return nil
 }
 
+const insertManySQL = `
+INSERT INTO audit_events (actor, role, method, target_kind, target_id, outcome, detail)
+SELECT a, r, m, k, t, o, d::jsonb
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) AS e(a, r, m, k, t, o, d)`
+
+// RecordMany writes evs through q in one statement, as Record writes one:
+// q should be the transaction that makes the changes they record. Nothing
+// is written when an event's detail does not encode.
+func RecordMany(ctx context.Context, q pgdb.Querier, evs []Event) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	cols := make([][]string, 7)
+	for i := range cols {
+		cols[i] = make([]string, len(evs))
+	}
+	for i, ev := range evs {
+		if ev.Outcome == "" {
+			ev.Outcome = "ok"
+		}
+		detail := []byte("{}")
+		if len(ev.Detail) > 0 {
+			var err error
+			if detail, err = json.Marshal(ev.Detail); err != nil {
+				return fmt.Errorf("audit %s: encode detail: %w", ev.Method, err)
+			}
+		}
+		cols[0][i], cols[1][i], cols[2][i], cols[3][i] = ev.Actor, ev.Role, ev.Method, ev.TargetKind
+		cols[4][i], cols[5][i], cols[6][i] = ev.TargetID, ev.Outcome, string(detail)
+	}
+	if _, err := q.Exec(ctx, insertManySQL, cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], cols[6]); err != nil {
+		return fmt.Errorf("audit %d events: %w", len(evs), err)
+	}
+	return nil
+}
+
 // maxDetailText bounds a text in an event's detail.
 const maxDetailText = 200
 

@@ -28,6 +28,25 @@ SELECT n.state, compute_now(),
        (SELECT count(*) FROM (SELECT 1 FROM commands c WHERE c.node_id = n.id AND c.state = 'pending' LIMIT $2) q)
   FROM nodes n WHERE n.id = $1 FOR KEY SHARE OF n`
 
+// LockNodesSQL is LockNodeSQL for several nodes at once ($1, an array of
+// ids; $2 the count's cap): one row per node found, in id order (the order
+// every multi-node lock takes), with its id, state, compute_now() and its
+// pending commands counted up to $2. A node not found has no row.
+const LockNodesSQL = `
+SELECT n.id, n.state, compute_now(),
+       (SELECT count(*) FROM (SELECT 1 FROM commands c WHERE c.node_id = n.id AND c.state = 'pending' LIMIT $2) q)
+  FROM nodes n WHERE n.id = ANY($1::text[]) ORDER BY n.id FOR KEY SHARE OF n`
+
+// InsertRowsSQL inserts commands without idempotency keys whose ids the
+// caller chose, one per element of its arrays: $1 ids, $2 nodes, $3 kinds,
+// $4 payloads, $5 deadlines, $6 traceparents (NULL elements for none). The
+// caller holds each node's LockNodesSQL lock and appends its RETURNING
+// clause; rows come back in no particular order, so a caller matches them
+// by id.
+const InsertRowsSQL = `
+INSERT INTO commands (id, node_id, kind, payload, deadline, traceparent)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::timestamptz[], $6::text[])`
+
 // InsertSQL inserts a command: $1 node, $2 kind, $3 payload, $4 deadline,
 // $5 idempotency key (NULL for none), $6 traceparent (NULL for none). A
 // caller appends its RETURNING clause. A key already used by the node

@@ -34,10 +34,7 @@ type auditEvent struct {
 // should be the transaction that makes the change ev records, so the change
 // and its audit row commit or roll back together. It also logs ev.
 func (h *Handler) recordAudit(ctx context.Context, q pgdb.Querier, ev auditEvent) error {
-	actor, role := "unauthenticated", "none"
-	if id, ok := IdentityFrom(ctx); ok {
-		actor, role = id.ID, id.Role.String()
-	}
+	actor, role := auditActor(ctx)
 	if ev.Actor != "" {
 		actor, role = ev.Actor, ev.Role
 	}
@@ -51,6 +48,15 @@ func (h *Handler) recordAudit(ctx context.Context, q pgdb.Querier, ev auditEvent
 	h.log.InfoContext(ctx, "audit", "method", ev.Method, "target_kind", ev.TargetKind, "target_id", ev.TargetID,
 		"outcome", ev.Outcome, "caller", actor, "role", role)
 	return nil
+}
+
+// auditActor is who ctx's caller is in the audit trail: its token's id
+// and role, or "unauthenticated".
+func auditActor(ctx context.Context) (actor, role string) {
+	if id, ok := IdentityFrom(ctx); ok {
+		return id.ID, id.Role.String()
+	}
+	return "unauthenticated", "none"
 }
 
 // Audit outcomes other than "ok".

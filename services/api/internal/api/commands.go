@@ -98,6 +98,18 @@ func (h *Handler) CreateCommand(ctx context.Context, req *connect.Request[contro
 			return nil, refusal
 		}
 	}
+	if c.key == nil && h.group != nil {
+		actor, role := auditActor(ctx)
+		cmd, err := h.group.create(&pendingCreate{ctx: ctx, m: m, payload: payload, c: c,
+			traceparent: traceparentArg(tracing.Traceparent(ctx)), actor: actor, role: role, done: make(chan createAnswer, 1)})
+		if !errors.Is(err, errGroupStopped) {
+			if err != nil {
+				return nil, h.fail(ctx, "create command", err)
+			}
+			h.wake.Created(m.GetNodeId()) // after the commit: the gateways see the row
+			return connect.NewResponse(&controlv1.CreateCommandResponse{Command: cmd, Created: true}), nil
+		}
+	}
 	resp := &controlv1.CreateCommandResponse{}
 	err = pgdb.InTx(ctx, h.db, func(tx pgx.Tx) error {
 		var (

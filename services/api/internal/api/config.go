@@ -29,6 +29,10 @@ const (
 	// above what a node works through (its gateway keeps 32 in flight),
 	// far below what would slow the node's dispatch.
 	DefaultMaxQueuedPerNode = 1000
+	// DefaultCreateGroup is --api.create-group's default.
+	DefaultCreateGroup = 256
+	// maxCreateGroup bounds --api.create-group.
+	maxCreateGroup = 4096
 	// maxQueuedPerNode bounds the flag: counting a full queue costs an
 	// index entry per queued command on every create for the node.
 	maxQueuedPerNode = 100000
@@ -61,6 +65,9 @@ type Config struct {
 	// OverloadAdmission refuses CreateCommand (RESOURCE_EXHAUSTED) for a
 	// node whose gateway reports overload (gateway_load).
 	OverloadAdmission bool
+	// CreateGroup is the most creates without an idempotency key written
+	// in one transaction (createbatch.go); 1 writes each alone.
+	CreateGroup int
 	// DefaultCommandTimeout is a command's life when the request sets none.
 	DefaultCommandTimeout time.Duration
 	// WaitPollInterval is how often WaitCommand checks its commands when no
@@ -112,6 +119,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.IntVar(&c.RateBurst, prefix+"api.rate-burst", 400, "calls a token may make at once above --api.rate-limit")
 	f.IntVar(&c.MaxPayloadBytes, prefix+"api.max-payload-bytes", maxPayloadBytes, "largest command payload accepted (a file.put's content travels in it, base64 in its JSON); at most --api.max-message-bytes less 64 KiB; the default is the gateways' default --gateway.max-message-bytes less 4 KiB of envelope, so raise both together")
 	f.IntVar(&c.MaxQueuedPerNode, prefix+"api.max-queued-per-node", DefaultMaxQueuedPerNode, "CreateCommand refuses (RESOURCE_EXHAUSTED) a command for a node with this many commands pending already: a runaway caller cannot pile unbounded work on one node, an offline one above all; 0 turns it off")
+	f.IntVar(&c.CreateGroup, prefix+"api.create-group", DefaultCreateGroup, "the most CreateCommand calls without an idempotency key written in one transaction: calls that arrive while another group is being written share the next, so a busy api commits once for many commands; 1 writes each alone")
 	f.BoolVar(&c.OverloadAdmission, prefix+"api.overload-admission", true, "CreateCommand refuses (RESOURCE_EXHAUSTED) a command for a node whose gateway reports overload (--gateway.overload-lag), so a backlog cannot outgrow what the gateways complete; false admits everything")
 	f.DurationVar(&c.DefaultCommandTimeout, prefix+"api.default-command-timeout", time.Hour, "life of a command created without deadline or timeout")
 	f.DurationVar(&c.WaitPollInterval, prefix+"api.wait-poll-interval", time.Second, "how often WaitCommand checks for finished commands when no notification comes (gateways NOTIFY when they finish commands)")
@@ -162,6 +170,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxQueuedPerNode < 0 || c.MaxQueuedPerNode > maxQueuedPerNode {
 		errs = append(errs, fmt.Errorf("--api.max-queued-per-node %d must be in 0..%d (0: no cap)", c.MaxQueuedPerNode, maxQueuedPerNode))
+	}
+	if c.CreateGroup < 1 || c.CreateGroup > maxCreateGroup {
+		errs = append(errs, fmt.Errorf("--api.create-group %d must be in 1..%d (1: each create alone)", c.CreateGroup, maxCreateGroup))
 	}
 	if c.DefaultCommandTimeout < MinCommandTimeout || c.DefaultCommandTimeout > MaxCommandTimeout {
 		errs = append(errs, fmt.Errorf("--api.default-command-timeout %s must be in %s..%s", c.DefaultCommandTimeout, MinCommandTimeout, MaxCommandTimeout))

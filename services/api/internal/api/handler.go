@@ -39,6 +39,9 @@ type Handler struct {
 	// overload is the gateways' overload as last read; nil with
 	// --api.overload-admission=false.
 	overload *overloadWatch
+	// group writes creates without an idempotency key in groups
+	// (createbatch.go); nil writes each alone.
+	group *createGroup
 	// sinkEgress judges sink URLs at creation (the worker judges the
 	// resolved address again at delivery).
 	sinkEgress egress.Policy

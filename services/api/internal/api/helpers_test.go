@@ -65,6 +65,7 @@ func setupWith(t *testing.T, deps func(*Deps), opts ...func(*Config, *http.Trans
 		MaxMessageBytes:       4 << 20,
 		MaxPayloadBytes:       maxPayloadBytes,
 		DefaultCommandTimeout: time.Hour,
+		CreateGroup:           DefaultCreateGroup,
 		WaitPollInterval:      20 * time.Millisecond,
 		ShutdownGrace:         5 * time.Second,
 	}

@@ -122,6 +122,9 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	if cfg.OverloadAdmission {
 		s.handler.overload = newOverloadWatch(deps.DB, deps.Registry, log)
 	}
+	if cfg.CreateGroup > 1 {
+		s.handler.group = newCreateGroup(s.handler, cfg.CreateGroup, deps.Registry)
+	}
 	m := newMetrics(deps.Registry, s.waiter)
 
 	otelInterceptor, err := newTraceInterceptor(deps.Tracer)
@@ -267,6 +270,17 @@ func (s *Service) running(ctx context.Context) error {
 			s.reads.run(waitCtx)
 		}
 	}()
+	// Creates are written until every call has been served: the groups
+	// stop after the server's shutdown below.
+	groupCtx, stopGroups := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopGroups()
+	groupDone := make(chan struct{})
+	go func() {
+		defer close(groupDone)
+		if s.handler.group != nil {
+			s.handler.group.run(groupCtx)
+		}
+	}()
 	overloadDone := make(chan struct{})
 	go func() {
 		defer close(overloadDone)
@@ -304,6 +318,8 @@ func (s *Service) running(ctx context.Context) error {
 		s.log.Warn("ControlService did not drain in time; closing connections", "grace", s.cfg.ShutdownGrace, "err", err)
 		_ = s.srv.Close()
 	}
+	stopGroups()
+	<-groupDone
 	if failure == nil {
 		if err := <-serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
 			failure = fmt.Errorf("serve ControlService: %w", err)
