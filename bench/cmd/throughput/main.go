@@ -73,6 +73,12 @@ type measurement struct {
 	Completed    int64        `json:"completed_in_window"`
 	CompletedPS  float64      `json:"completed_per_sec"`
 	Latency      harness.Dist `json:"latency_create_to_done"`
+	// leasehold's create-to-done in its two parts: waiting to be
+	// dispatched, then the rest (the node's round trip and the gateway's
+	// group commit, which stamps the result received and the command
+	// finished at once).
+	ToDispatch *harness.Dist `json:"latency_create_to_dispatch,omitempty"`
+	AfterIt    *harness.Dist `json:"latency_dispatch_to_done,omitempty"`
 	Unfinished   int64        `json:"unfinished_after_drain"`
 	// Per command completed in the window: PostgreSQL CPU (all its
 	// processes), statements (pg_stat_statements) and transactions.
@@ -526,6 +532,20 @@ func leasehold(ctx context.Context, c config, srv *harness.Server, sup *harness.
 	_ = poll(ctx, c.drain, func() bool { return count() == created })
 	_ = f.DB.Pool.QueryRow(ctx, `SELECT count(*) /*bench*/ FROM commands WHERE state <> 'succeeded'`).Scan(&m.Unfinished)
 	m.Latency, err = latencies(ctx, f.DB, `SELECT extract(epoch FROM finished_at - created_at) /*bench*/ FROM commands WHERE state = 'succeeded'`)
+	for _, part := range []struct {
+		dist **harness.Dist
+		expr string
+	}{
+		{&m.ToDispatch, "dispatched_at - created_at"},
+		{&m.AfterIt, "finished_at - dispatched_at"},
+	} {
+		if d, err := latencies(ctx, f.DB, `SELECT extract(epoch FROM `+part.expr+`) /*bench*/ FROM commands WHERE state = 'succeeded'`); err == nil {
+			*part.dist = &d
+		}
+	}
+	if m.ToDispatch != nil && m.AfterIt != nil {
+		logf("  create to dispatch %s; dispatch to done %s", *m.ToDispatch, *m.AfterIt)
+	}
 	logf("  %.0f created/s, %.0f completed/s, latency %s; per command: PostgreSQL CPU %.2f ms, %.2f statements, %.2f commits, %.2f row writes, %.0f WAL bytes; dispatch call p50 %.1f ms p99 %.1f ms (load %s)",
 		m.CreatedPS, m.CompletedPS, m.Latency, m.PGCPUms, m.Statements, m.Commits, m.RowWrites, m.WALBytes, m.DispatchCallP50*1000, m.DispatchCallP99*1000, m.Load)
 	logf("  %s", m.cpuLine())
