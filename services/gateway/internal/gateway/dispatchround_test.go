@@ -50,6 +50,31 @@ func TestDispatchRoundAsksAtMostTheBatch(t *testing.T) {
 	}
 }
 
+// TestSplitLanesDealsSessionsOnce: a wake-up whose sessions fill more than
+// one call is dealt into at most dispatchLanes lanes, each session in
+// exactly one, and one batch or less stays in one lane.
+func TestSplitLanesDealsSessionsOnce(t *testing.T) {
+	for _, c := range []struct{ sessions, batch, lanes int }{
+		{0, 100, 1}, {1, 100, 1}, {100, 100, 1}, {101, 100, 2}, {300, 100, 2}, {12, 5, 2}, {5000, 100, 2},
+	} {
+		all := make([]*session, c.sessions)
+		for i := range all {
+			all[i] = &session{nodeID: fmt.Sprint("n-", i)}
+		}
+		lanes := splitLanes(all, c.batch, dispatchLanes)
+		require.Len(t, lanes, c.lanes, "%+v", c)
+		seen := map[string]bool{}
+		for _, lane := range lanes {
+			require.LessOrEqual(t, len(lane), (c.sessions+len(lanes)-1)/len(lanes), "lanes are even: %+v", c)
+			for _, s := range lane {
+				require.False(t, seen[s.nodeID], "a session in one lane")
+				seen[s.nodeID] = true
+			}
+		}
+		require.Len(t, seen, c.sessions, "every session in a lane")
+	}
+}
+
 // TestSmallBatchStillReachesEverySession: with more sessions than the batch
 // (12 sessions, batch 5), a wake-up (the NOTIFY, or the poll where
 // notifications are off) still reaches every node's pending commands,
