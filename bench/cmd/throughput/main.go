@@ -55,7 +55,7 @@ type config struct {
 	producer, jsonPath, binDir  string
 	durable, river, ceiling     bool
 	nodesProcess                bool
-	keep                        bool
+	keep, perSecond             bool
 	gatewayArgs, apiArgs        []string
 	// the overload scenario (overload.go)
 	overload                bool
@@ -73,13 +73,19 @@ type measurement struct {
 	Completed    int64        `json:"completed_in_window"`
 	CompletedPS  float64      `json:"completed_per_sec"`
 	Latency      harness.Dist `json:"latency_create_to_done"`
+	// InWindow is create-to-done of the commands (jobs) created in the
+	// measuring window, the steady state the rates describe; Latency also
+	// holds the warmup's, a fresh database's first seconds included.
+	InWindow harness.Dist `json:"latency_create_to_done_in_window"`
+	// The measuring window, on this machine's clock (the database's too).
+	windowStart, windowEnd time.Time
 	// leasehold's create-to-done in its two parts: waiting to be
 	// dispatched, then the rest (the node's round trip and the gateway's
 	// group commit, which stamps the result received and the command
 	// finished at once).
 	ToDispatch *harness.Dist `json:"latency_create_to_dispatch,omitempty"`
 	AfterIt    *harness.Dist `json:"latency_dispatch_to_done,omitempty"`
-	Unfinished   int64        `json:"unfinished_after_drain"`
+	Unfinished int64         `json:"unfinished_after_drain"`
 	// Per command completed in the window: PostgreSQL CPU (all its
 	// processes), statements (pg_stat_statements) and transactions.
 	PGCPUms    float64 `json:"pg_cpu_ms_per_command"`
@@ -209,6 +215,7 @@ func main() {
 	flag.BoolVar(&c.durable, "durable", true, "local PostgreSQL with fsync and synchronous_commit on")
 	flag.BoolVar(&c.river, "river", true, "measure River too")
 	flag.BoolVar(&c.ceiling, "ceiling", true, "first measure the creators alone: unpaced single-row inserts into commands, nothing dispatching them (what this machine can insert at all)")
+	flag.BoolVar(&c.perSecond, "per-second", false, "after each leasehold run, log per second of dispatches the dispatch-to-done p99 and maximum and the slowest acknowledgement: where a tail came from")
 	flag.BoolVar(&c.keep, "keep", false, "keep each run's work directory with every process's log")
 	flag.BoolVar(&c.nodesProcess, "nodes-process", true, "run the simulated nodes in a nodesim process of their own, as River's worker has its own (false: in the bench process beside the creators)")
 	flag.BoolVar(&c.overload, "overload", false, "after the first leasehold run (its completed/s is the maximum), offer -overload-factor times that for -overload-for, then half of it for -recover-for: completions against the maximum, the api's refusals (with -producer api), the seconds a gateway reported overload, recovery of p99")
@@ -409,8 +416,10 @@ func (m *measurement) measure(ctx context.Context, c config, srv *harness.Server
 			// gateway's job (pgdb.RefreshPlanStats), measured as a fresh
 			// install would see it.
 			_ = db.ResetStatements(ctx)
+			m.windowStart = time.Now()
 			c0 = sampleCost(ctx, srv, db, sup)
 		} else {
+			m.windowEnd = time.Now()
 			c1 = sampleCost(ctx, srv, db, sup)
 		}
 	})
@@ -510,6 +519,11 @@ func leasehold(ctx context.Context, c config, srv *harness.Server, sup *harness.
 		if start {
 			_ = f.DB.ResetStatements(ctx)
 		}
+		if start {
+			m.windowStart = time.Now()
+		} else {
+			m.windowEnd = time.Now()
+		}
 		cs := sampleCost(ctx, srv, f.DB, f.Sup, sup)
 		dc := gatewayHistograms(ctx, f, dispatchCallMetric)
 		rn := gatewayHistograms(ctx, f, renewMetric)
@@ -532,6 +546,10 @@ func leasehold(ctx context.Context, c config, srv *harness.Server, sup *harness.
 	_ = poll(ctx, c.drain, func() bool { return count() == created })
 	_ = f.DB.Pool.QueryRow(ctx, `SELECT count(*) /*bench*/ FROM commands WHERE state <> 'succeeded'`).Scan(&m.Unfinished)
 	m.Latency, err = latencies(ctx, f.DB, `SELECT extract(epoch FROM finished_at - created_at) /*bench*/ FROM commands WHERE state = 'succeeded'`)
+	if err == nil {
+		m.InWindow, err = latencies(ctx, f.DB, `SELECT extract(epoch FROM finished_at - created_at) /*bench*/ FROM commands WHERE state = 'succeeded'
+   AND created_at >= $1 AND created_at < $2`, m.windowStart, m.windowEnd)
+	}
 	for _, part := range []struct {
 		dist **harness.Dist
 		expr string
@@ -539,15 +557,20 @@ func leasehold(ctx context.Context, c config, srv *harness.Server, sup *harness.
 		{&m.ToDispatch, "dispatched_at - created_at"},
 		{&m.AfterIt, "finished_at - dispatched_at"},
 	} {
-		if d, err := latencies(ctx, f.DB, `SELECT extract(epoch FROM `+part.expr+`) /*bench*/ FROM commands WHERE state = 'succeeded'`); err == nil {
+		if d, err := latencies(ctx, f.DB, `SELECT extract(epoch FROM `+part.expr+`) /*bench*/ FROM commands WHERE state = 'succeeded'
+   AND created_at >= $1 AND created_at < $2`, m.windowStart, m.windowEnd); err == nil {
 			*part.dist = &d
 		}
+	}
+	if c.perSecond {
+		perSecond(ctx, f.DB)
 	}
 	if m.ToDispatch != nil && m.AfterIt != nil {
 		logf("  create to dispatch %s; dispatch to done %s", *m.ToDispatch, *m.AfterIt)
 	}
 	logf("  %.0f created/s, %.0f completed/s, latency %s; per command: PostgreSQL CPU %.2f ms, %.2f statements, %.2f commits, %.2f row writes, %.0f WAL bytes; dispatch call p50 %.1f ms p99 %.1f ms (load %s)",
 		m.CreatedPS, m.CompletedPS, m.Latency, m.PGCPUms, m.Statements, m.Commits, m.RowWrites, m.WALBytes, m.DispatchCallP50*1000, m.DispatchCallP99*1000, m.Load)
+	logf("  created in the window: latency %s", m.InWindow)
 	logf("  %s", m.cpuLine())
 	if err != nil {
 		return m, nil, dir, err
@@ -705,8 +728,13 @@ func riverRun(ctx context.Context, c config, srv *harness.Server, sup *harness.S
 	_ = poll(ctx, c.drain, func() bool { return count() == m.Created })
 	_ = db.Pool.QueryRow(ctx, `SELECT count(*) /*bench*/ FROM river_job WHERE state <> 'completed'`).Scan(&m.Unfinished)
 	m.Latency, err = latencies(ctx, db, `SELECT extract(epoch FROM finalized_at - created_at) /*bench*/ FROM river_job WHERE state = 'completed'`)
+	if err == nil {
+		m.InWindow, err = latencies(ctx, db, `SELECT extract(epoch FROM finalized_at - created_at) /*bench*/ FROM river_job WHERE state = 'completed'
+   AND created_at >= $1 AND created_at < $2`, m.windowStart, m.windowEnd)
+	}
 	logf("  %.0f inserted/s, %.0f completed/s, latency %s; per job: PostgreSQL CPU %.2f ms, %.2f statements, %.2f commits, %.2f row writes, %.0f WAL bytes (load %s)",
 		m.CreatedPS, m.CompletedPS, m.Latency, m.PGCPUms, m.Statements, m.Commits, m.RowWrites, m.WALBytes, m.Load)
+	logf("  created in the window: latency %s", m.InWindow)
 	logf("  %s", m.cpuLine())
 	return m, err
 }
@@ -743,6 +771,38 @@ func insertCeiling(ctx context.Context, c config, srv *harness.Server) (measurem
 	logf("  %.0f inserted/s; per insert: PostgreSQL CPU %.2f ms, %.2f statements, %.2f commits, %.2f row writes, %.0f WAL bytes (load %s)",
 		m.CompletedPS, m.PGCPUms, m.Statements, m.Commits, m.RowWrites, m.WALBytes, m.Load)
 	return m, nil
+}
+
+// perSecond logs, for each second of dispatches, the commands dispatched
+// and the p99 and maximum of dispatch to done, and the slowest
+// acknowledgement and the slowest acknowledgement to done: where a tail
+// came from.
+func perSecond(ctx context.Context, db *harness.Database) {
+	rows, err := db.Pool.Query(ctx, `
+SELECT date_trunc('second', dispatched_at), count(*),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - dispatched_at)),
+       max(extract(epoch FROM finished_at - dispatched_at)),
+       coalesce(max(extract(epoch FROM acked_at - dispatched_at)), 0),
+       coalesce(max(extract(epoch FROM finished_at - acked_at)), 0) /*bench*/
+  FROM commands WHERE state = 'succeeded' GROUP BY 1 ORDER BY 1`)
+	if err != nil {
+		logf("  per second: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			t                 time.Time
+			n                 int64
+			p99, mx, ack, fin float64
+		)
+		if err := rows.Scan(&t, &n, &p99, &mx, &ack, &fin); err != nil {
+			logf("  per second: %v", err)
+			return
+		}
+		logf("    %s dispatched %d, dispatch to done p99 %.3f s max %.3f s, slowest ack %.3f s, slowest ack to done %.3f s",
+			t.Format("15:04:05"), n, p99, mx, ack, fin)
+	}
 }
 
 // noopArgs matches riverclient's NoopArgs (kind bench_noop).
@@ -811,8 +871,8 @@ func runCreators(ctx context.Context, n int, tokens <-chan struct{}, create func
 	wg.Wait()
 }
 
-func latencies(ctx context.Context, db *harness.Database, sql string) (harness.Dist, error) {
-	rows, err := db.Pool.Query(ctx, sql)
+func latencies(ctx context.Context, db *harness.Database, sql string, args ...any) (harness.Dist, error) {
+	rows, err := db.Pool.Query(ctx, sql, args...)
 	if err != nil {
 		return harness.Dist{}, err
 	}
@@ -837,15 +897,15 @@ func (r *result) print(w io.Writer) {
 	if r.GatewayCPUs > 0 || len(r.GatewayArgs)+len(r.APIArgs) > 0 {
 		fmt.Fprintf(w, "gateways capped at %.2f cores (0: not capped); gateway flags %q; api flags %q\n\n", r.GatewayCPUs, r.GatewayArgs, r.APIArgs)
 	}
-	fmt.Fprintln(w, "| system | gateways / MaxWorkers | created/s | completed/s | latency p50 | latency p99 | PG CPU ms/cmd | statements/cmd | commits/cmd | row writes/cmd | indexed writes/cmd | HOT updates | WAL bytes/cmd | unfinished | load |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| system | gateways / MaxWorkers | created/s | completed/s | latency p50 | latency p99 | p99 in window | CPU ms/cmd, all | PG CPU ms/cmd | statements/cmd | commits/cmd | row writes/cmd | indexed writes/cmd | HOT updates | WAL bytes/cmd | unfinished | load |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, m := range slices.Clone(r.Results) {
 		g := fmt.Sprint(m.Gateways)
 		if m.System == "River" {
 			g = fmt.Sprintf("MaxWorkers %d", m.RiverWorkers)
 		}
-		fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.3f s | %.3f s | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f%% | %.0f | %d | %s |\n", m.System, g, m.CreatedPS, m.CompletedPS,
-			m.Latency.P50, m.Latency.P99, m.PGCPUms, m.Statements, m.Commits, m.RowWrites, m.IndexedWrites, m.HOTShare*100, m.WALBytes, m.Unfinished, m.Load)
+		fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.3f s | %.3f s | %.3f s | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f%% | %.0f | %d | %s |\n", m.System, g, m.CreatedPS, m.CompletedPS,
+			m.Latency.P50, m.Latency.P99, m.InWindow.P99, m.TotalCPUms, m.PGCPUms, m.Statements, m.Commits, m.RowWrites, m.IndexedWrites, m.HOTShare*100, m.WALBytes, m.Unfinished, m.Load)
 	}
 	if r.Ceiling != nil {
 		fmt.Fprintf(w, "\ninserts alone (the same creators unpaced, nothing completing them): %.0f/s, PostgreSQL CPU %.2f ms per insert (load %s)\n",
