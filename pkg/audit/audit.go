@@ -42,20 +42,30 @@ VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)`
 // the change ev records, so the change and its row commit or roll back
 // together. An empty Outcome is "ok".
 func Record(ctx context.Context, q pgdb.Querier, ev Event) error {
-	if ev.Outcome == "" {
-		ev.Outcome = "ok"
+	outcome, detail, err := ev.columns()
+	if err != nil {
+		return err
 	}
-	detail := []byte("{}")
-	if len(ev.Detail) > 0 {
-		var err error
-		if detail, err = json.Marshal(ev.Detail); err != nil {
-			return fmt.Errorf("audit %s: encode detail: %w", ev.Method, err)
-		}
-	}
-	if _, err := q.Exec(ctx, insertSQL, ev.Actor, ev.Role, ev.Method, ev.TargetKind, ev.TargetID, ev.Outcome, string(detail)); err != nil {
+	if _, err := q.Exec(ctx, insertSQL, ev.Actor, ev.Role, ev.Method, ev.TargetKind, ev.TargetID, outcome, detail); err != nil {
 		return fmt.Errorf("audit %s %s %s: %w", ev.Method, ev.TargetKind, ev.TargetID, err)
 	}
 	return nil
+}
+
+// columns is ev's outcome ("ok" when empty) and its detail as JSON text.
+func (ev Event) columns() (outcome, detail string, err error) {
+	outcome, detail = ev.Outcome, "{}"
+	if outcome == "" {
+		outcome = "ok"
+	}
+	if len(ev.Detail) > 0 {
+		b, err := json.Marshal(ev.Detail)
+		if err != nil {
+			return "", "", fmt.Errorf("audit %s: encode detail: %w", ev.Method, err)
+		}
+		detail = string(b)
+	}
+	return outcome, detail, nil
 }
 
 const insertManySQL = `
@@ -75,18 +85,12 @@ func RecordMany(ctx context.Context, q pgdb.Querier, evs []Event) error {
 		cols[i] = make([]string, len(evs))
 	}
 	for i, ev := range evs {
-		if ev.Outcome == "" {
-			ev.Outcome = "ok"
-		}
-		detail := []byte("{}")
-		if len(ev.Detail) > 0 {
-			var err error
-			if detail, err = json.Marshal(ev.Detail); err != nil {
-				return fmt.Errorf("audit %s: encode detail: %w", ev.Method, err)
-			}
+		outcome, detail, err := ev.columns()
+		if err != nil {
+			return err
 		}
 		cols[0][i], cols[1][i], cols[2][i], cols[3][i] = ev.Actor, ev.Role, ev.Method, ev.TargetKind
-		cols[4][i], cols[5][i], cols[6][i] = ev.TargetID, ev.Outcome, string(detail)
+		cols[4][i], cols[5][i], cols[6][i] = ev.TargetID, outcome, detail
 	}
 	if _, err := q.Exec(ctx, insertManySQL, cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], cols[6]); err != nil {
 		return fmt.Errorf("audit %d events: %w", len(evs), err)
