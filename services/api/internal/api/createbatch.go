@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/leasehold/leasehold/pkg/audit"
 	"github.com/leasehold/leasehold/pkg/cmdstore"
@@ -166,6 +167,15 @@ func (g *createGroup) write(ctx context.Context, group []*pendingCreate) {
 	g.writing.Add(float64(len(group)))
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), groupTimeout)
 	defer cancel()
+	// The group's statements are traced as children of its first traced
+	// call (a group of one: of its call); every command keeps its own
+	// call's traceparent for the gateway's dispatch and result spans.
+	for _, p := range group {
+		if span := trace.SpanFromContext(p.ctx); span.SpanContext().IsValid() {
+			ctx = trace.ContextWithSpan(ctx, span) // the call waits for its answer: its span is still open
+			break
+		}
+	}
 	answers := make([]createAnswer, len(group))
 	err := pgdb.InTx(ctx, g.h.db, func(tx pgx.Tx) error {
 		return g.h.createGroupTx(ctx, tx, group, answers)
