@@ -45,9 +45,15 @@ func (h *Handler) recordAudit(ctx context.Context, q pgdb.Querier, ev auditEvent
 		Outcome: ev.Outcome, Detail: ev.Detail}); err != nil {
 		return err
 	}
-	h.log.InfoContext(ctx, "audit", "method", ev.Method, "target_kind", ev.TargetKind, "target_id", ev.TargetID,
-		"outcome", ev.Outcome, "caller", actor, "role", role)
+	h.logAudit(ctx, ev.Method, ev.TargetKind, ev.TargetID, ev.Outcome, actor, role)
 	return nil
+}
+
+// logAudit logs an audit row that was written (recordAudit, a create
+// group), once its transaction holds it.
+func (h *Handler) logAudit(ctx context.Context, method, targetKind, targetID, outcome, actor, role string) {
+	h.log.InfoContext(ctx, "audit", "method", method, "target_kind", targetKind, "target_id", targetID,
+		"outcome", outcome, "caller", actor, "role", role)
 }
 
 // auditActor is who ctx's caller is in the audit trail: its token's id

@@ -25,6 +25,24 @@ type createCommand struct {
 	key      *string
 }
 
+// deadlineAt is the command's deadline when the database clock reads now:
+// now plus its timeout, or the deadline it gave, which must then fall
+// MinCommandTimeout..MaxCommandTimeout after now.
+func (c createCommand) deadlineAt(now time.Time) (time.Time, error) {
+	if c.timeout > 0 {
+		return now.Add(c.timeout), nil
+	}
+	if left := c.deadline.Sub(now); left < MinCommandTimeout || left > MaxCommandTimeout {
+		return time.Time{}, invalid("deadline", "must be %s..%s after the current time", MinCommandTimeout, MaxCommandTimeout)
+	}
+	return c.deadline, nil
+}
+
+// revokedNode refuses a command for a revoked node.
+func revokedNode(nodeID string) error {
+	return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node_id: node %q is revoked", nodeID))
+}
+
 // checkKindPayloadSize checks a command's kind and its payload's size
 // (CreateCommand and CreateRun); the payload's content is checkPayload's,
 // run after every other field.
@@ -123,7 +141,7 @@ func (h *Handler) CreateCommand(ctx context.Context, req *connect.Request[contro
 			return err
 		}
 		if state == "revoked" {
-			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node_id: node %q is revoked", m.GetNodeId()))
+			return revokedNode(m.GetNodeId())
 		}
 		if refusal := h.admit(m.GetNodeId(), queued); refusal != nil {
 			// A repeat of an idempotent create still gets its command.
@@ -136,11 +154,9 @@ func (h *Handler) CreateCommand(ctx context.Context, req *connect.Request[contro
 			}
 			return refusal
 		}
-		deadline := c.deadline
-		if c.timeout > 0 {
-			deadline = now.Add(c.timeout)
-		} else if left := deadline.Sub(now); left < MinCommandTimeout || left > MaxCommandTimeout {
-			return invalid("deadline", "must be %s..%s after the current time", MinCommandTimeout, MaxCommandTimeout)
+		deadline, err := c.deadlineAt(now)
+		if err != nil {
+			return err
 		}
 		cmd, _, err := scanCommand(tx.QueryRow(ctx, insertCommandSQL, m.GetNodeId(), m.GetKind(), payload, deadline, c.key,
 			traceparentArg(tracing.Traceparent(ctx))))

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"connectrpc.com/connect"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,8 +29,9 @@ import (
 // what queued while the previous one was written, so an idle api writes a
 // create at once, alone, and a busy one writes larger groups.
 //
-// A keyed create is written alone (createOne): its repeat and conflict
-// rules read the row a concurrent create of the same key inserted.
+// A keyed create is written alone (CreateCommand's own transaction): its
+// repeat and conflict rules read the row a concurrent create of the same
+// key inserted.
 
 const (
 	// createWorkers is how many groups are written at once: while one
@@ -74,7 +74,6 @@ type createGroup struct {
 	max     int
 	in      chan *pendingCreate
 	stopped chan struct{}
-	once    sync.Once
 	size    prometheus.Histogram
 	waiting prometheus.Gauge
 	writing prometheus.Gauge
@@ -98,9 +97,9 @@ func newCreateGroup(h *Handler, maxSize int, reg prometheus.Registerer) *createG
 }
 
 // run writes groups until ctx ends; creates that arrive after it returns
-// are written alone.
+// are written alone. It runs once.
 func (g *createGroup) run(ctx context.Context) {
-	defer g.once.Do(func() { close(g.stopped) })
+	defer close(g.stopped)
 	var wg sync.WaitGroup
 	for range createWorkers {
 		wg.Go(func() {
@@ -119,16 +118,18 @@ func (g *createGroup) run(ctx context.Context) {
 
 // create hands p to a worker and waits for its answer.
 func (g *createGroup) create(p *pendingCreate) (*controlv1.Command, error) {
+	var err error
 	g.waiting.Inc()
 	select {
 	case g.in <- p:
-		g.waiting.Dec()
 	case <-g.stopped:
-		g.waiting.Dec()
-		return nil, errGroupStopped
+		err = errGroupStopped
 	case <-p.ctx.Done():
-		g.waiting.Dec()
-		return nil, p.ctx.Err()
+		err = p.ctx.Err()
+	}
+	g.waiting.Dec()
+	if err != nil {
+		return nil, err
 	}
 	select {
 	case a := <-p.done:
@@ -190,8 +191,7 @@ func (g *createGroup) write(ctx context.Context, group []*pendingCreate) {
 		case err != nil && a.err == nil:
 			a = createAnswer{err: err} // the transaction failed: nothing was written
 		case a.cmd != nil:
-			g.h.log.InfoContext(p.ctx, "audit", "method", "CreateCommand", "target_kind", "command", "target_id", a.cmd.GetId(),
-				"outcome", "ok", "caller", p.actor, "role", p.role)
+			g.h.logAudit(p.ctx, "CreateCommand", "command", a.cmd.GetId(), "ok", p.actor, p.role)
 		}
 		p.done <- a
 	}
@@ -245,18 +245,16 @@ func (h *Handler) createGroupTx(ctx context.Context, tx pgx.Tx, group []*pending
 			answers[i].err = notFound("node_id", "node", p.m.GetNodeId())
 			continue
 		case node.state == "revoked":
-			answers[i].err = connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node_id: node %q is revoked", p.m.GetNodeId()))
+			answers[i].err = revokedNode(p.m.GetNodeId())
 			continue
 		}
 		if refusal := h.admit(p.m.GetNodeId(), node.queued); refusal != nil {
 			answers[i].err = refusal
 			continue
 		}
-		deadline := p.c.deadline
-		if p.c.timeout > 0 {
-			deadline = node.now.Add(p.c.timeout)
-		} else if left := deadline.Sub(node.now); left < MinCommandTimeout || left > MaxCommandTimeout {
-			answers[i].err = invalid("deadline", "must be %s..%s after the current time", MinCommandTimeout, MaxCommandTimeout)
+		deadline, err := p.c.deadlineAt(node.now)
+		if err != nil {
+			answers[i].err = err
 			continue
 		}
 		node.queued++ // the queue cap counts the group's own commands
