@@ -389,6 +389,13 @@ func (m *measurement) perCommand(c0, c1 cost) {
 	}
 }
 
+// logWindow logs create-to-done of what was created in the window and
+// the CPU per command by role.
+func (m *measurement) logWindow() {
+	logf("  created in the window: latency %s", m.InWindow)
+	logf("  %s", m.cpuLine())
+}
+
 // cpuLine is m's CPU per command by role, the costliest first.
 func (m *measurement) cpuLine() string {
 	roles := make([]string, 0, len(m.ProcessCPUms))
@@ -518,8 +525,6 @@ func leasehold(ctx context.Context, c config, srv *harness.Server, sup *harness.
 	}, count, func(start bool) {
 		if start {
 			_ = f.DB.ResetStatements(ctx)
-		}
-		if start {
 			m.windowStart = time.Now()
 		} else {
 			m.windowEnd = time.Now()
@@ -546,19 +551,23 @@ func leasehold(ctx context.Context, c config, srv *harness.Server, sup *harness.
 	_ = poll(ctx, c.drain, func() bool { return count() == created })
 	_ = f.DB.Pool.QueryRow(ctx, `SELECT count(*) /*bench*/ FROM commands WHERE state <> 'succeeded'`).Scan(&m.Unfinished)
 	m.Latency, err = latencies(ctx, f.DB, `SELECT extract(epoch FROM finished_at - created_at) /*bench*/ FROM commands WHERE state = 'succeeded'`)
-	if err == nil {
-		m.InWindow, err = latencies(ctx, f.DB, `SELECT extract(epoch FROM finished_at - created_at) /*bench*/ FROM commands WHERE state = 'succeeded'
+	// The same over the commands created in the window, whole and split
+	// at the dispatch.
+	inWindow := func(span string) (harness.Dist, error) {
+		return latencies(ctx, f.DB, `SELECT extract(epoch FROM `+span+`) /*bench*/ FROM commands WHERE state = 'succeeded'
    AND created_at >= $1 AND created_at < $2`, m.windowStart, m.windowEnd)
+	}
+	if err == nil {
+		m.InWindow, err = inWindow("finished_at - created_at")
 	}
 	for _, part := range []struct {
 		dist **harness.Dist
-		expr string
+		span string
 	}{
 		{&m.ToDispatch, "dispatched_at - created_at"},
 		{&m.AfterIt, "finished_at - dispatched_at"},
 	} {
-		if d, err := latencies(ctx, f.DB, `SELECT extract(epoch FROM `+part.expr+`) /*bench*/ FROM commands WHERE state = 'succeeded'
-   AND created_at >= $1 AND created_at < $2`, m.windowStart, m.windowEnd); err == nil {
+		if d, err := inWindow(part.span); err == nil {
 			*part.dist = &d
 		}
 	}
@@ -570,8 +579,7 @@ func leasehold(ctx context.Context, c config, srv *harness.Server, sup *harness.
 	}
 	logf("  %.0f created/s, %.0f completed/s, latency %s; per command: PostgreSQL CPU %.2f ms, %.2f statements, %.2f commits, %.2f row writes, %.0f WAL bytes; dispatch call p50 %.1f ms p99 %.1f ms (load %s)",
 		m.CreatedPS, m.CompletedPS, m.Latency, m.PGCPUms, m.Statements, m.Commits, m.RowWrites, m.WALBytes, m.DispatchCallP50*1000, m.DispatchCallP99*1000, m.Load)
-	logf("  created in the window: latency %s", m.InWindow)
-	logf("  %s", m.cpuLine())
+	m.logWindow()
 	if err != nil {
 		return m, nil, dir, err
 	}
@@ -734,8 +742,7 @@ func riverRun(ctx context.Context, c config, srv *harness.Server, sup *harness.S
 	}
 	logf("  %.0f inserted/s, %.0f completed/s, latency %s; per job: PostgreSQL CPU %.2f ms, %.2f statements, %.2f commits, %.2f row writes, %.0f WAL bytes (load %s)",
 		m.CreatedPS, m.CompletedPS, m.Latency, m.PGCPUms, m.Statements, m.Commits, m.RowWrites, m.WALBytes, m.Load)
-	logf("  created in the window: latency %s", m.InWindow)
-	logf("  %s", m.cpuLine())
+	m.logWindow()
 	return m, err
 }
 
