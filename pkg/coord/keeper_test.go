@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jonboulle/clockwork"
 	"github.com/stretchr/testify/require"
 
@@ -140,6 +141,45 @@ func receive[T any](t *testing.T, ch <-chan T, what string) T {
 	}
 }
 
+// fakeClockKeeper runs a keeper of name for owner on a fake clock (TTL an
+// hour, renewed every minute, trusted for ten) and returns the clock, the
+// keeper, its events and its first take.
+func fakeClockKeeper(t *testing.T, db *pgxpool.Pool, owner, name string) (*clockwork.FakeClock, *coord.Keeper, *keeperEvents, coord.Lease) {
+	t.Helper()
+	clock := clockwork.NewFakeClock()
+	client, err := coord.NewClient(db, owner, coord.WithClock(clock))
+	require.NoError(t, err)
+	ev := newKeeperEvents()
+	k, err := coord.NewKeeper(client, ev.config(name, time.Hour, time.Minute, 10*time.Minute), nil)
+	require.NoError(t, err)
+	runKeeper(t, k)
+	return clock, k, ev, receive(t, ev.acquired, "the first take")
+}
+
+// advanceUntilTaken moves clock on a second at a time until the keeper
+// takes its lease again, and returns the take. A take comes at a tick of
+// the keeper's ticker, and a jump of the clock may have left no tick
+// pending (the fake ticker fires into a buffer of one, however far the
+// clock jumps): driving the clock, not waiting on real time for a tick
+// that may never come. stop, when not nil, is asked between ticks and
+// ends the wait early (ok false) when it returns true.
+func advanceUntilTaken(t *testing.T, clock *clockwork.FakeClock, ev *keeperEvents, what string, stop func() bool) (l coord.Lease, ok bool) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		select {
+		case l, ok = <-ev.acquired:
+			return true
+		default:
+			if stop != nil && stop() {
+				return true
+			}
+			clock.Advance(time.Second)
+			return false
+		}
+	}, 30*time.Second, 10*time.Millisecond, what)
+	return l, ok
+}
+
 // TestKeeperStopsTrustingAtItsDeadlineAndTakesANewEpoch is about logic, on
 // an injected clock: with no successful renewal for the trust window the
 // keeper calls OnLost and refuses fenced work; it then takes the lease
@@ -147,15 +187,7 @@ func receive[T any](t *testing.T, ch <-chan T, what string) T {
 func TestKeeperStopsTrustingAtItsDeadlineAndTakesANewEpoch(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	clock := clockwork.NewFakeClock()
-	client, err := coord.NewClient(db, "gw-1", coord.WithClock(clock))
-	require.NoError(t, err)
-	ev := newKeeperEvents()
-	k, err := coord.NewKeeper(client, ev.config("gateway:gw-1", time.Hour, time.Minute, 10*time.Minute), nil)
-	require.NoError(t, err)
-	runKeeper(t, k)
-
-	first := receive(t, ev.acquired, "the first take")
+	clock, k, ev, first := fakeClockKeeper(t, db, "gw-1", "gateway:gw-1")
 	l, ok := k.Current()
 	require.True(t, ok)
 	require.Equal(t, first.Epoch, l.Epoch)
@@ -166,27 +198,12 @@ func TestKeeperStopsTrustingAtItsDeadlineAndTakesANewEpoch(t *testing.T) {
 	require.NoError(t, clock.BlockUntilContext(context.Background(), 1))
 	clock.Advance(11 * time.Minute)
 	require.Contains(t, receive(t, ev.lost, "the loss"), "no successful renewal")
-	// The take comes at a later tick of the keeper's ticker. The advance
-	// above may have left no tick pending after the one that found the
-	// loss (the fake ticker fires into a buffer of one, however far the
-	// clock jumps), so the clock moves on a tick at a time until the take
-	// is seen: driving the clock, not waiting on real time for a tick that
-	// may never come.
-	var second coord.Lease
-	require.Eventually(t, func() bool {
-		select {
-		case second = <-ev.acquired:
-			return true
-		default:
-			clock.Advance(time.Second)
-			return false
-		}
-	}, 30*time.Second, 10*time.Millisecond, "the second take")
+	second, _ := advanceUntilTaken(t, clock, ev, "the second take", nil)
 	require.Greater(t, second.Epoch, first.Epoch, "a new holding, a new epoch")
 
 	stale := first
 	stale.ValidUntil = clock.Now().Add(time.Minute)
-	err = coord.RunFenced(context.Background(), db, stale, coord.FenceOptions{Now: clock.Now}, func(context.Context, pgx.Tx) error { return nil })
+	err := coord.RunFenced(context.Background(), db, stale, coord.FenceOptions{Now: clock.Now}, func(context.Context, pgx.Tx) error { return nil })
 	require.ErrorIs(t, err, coord.ErrLeaseLost, "nothing of the old holding passes the fence")
 }
 
@@ -197,14 +214,7 @@ func TestKeeperDropDuringARenewalStaysDropped(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	clock := clockwork.NewFakeClock()
-	client, err := coord.NewClient(db, "gw-3", coord.WithClock(clock))
-	require.NoError(t, err)
-	ev := newKeeperEvents()
-	k, err := coord.NewKeeper(client, ev.config("gateway:gw-3", time.Hour, time.Minute, 10*time.Minute), nil)
-	require.NoError(t, err)
-	runKeeper(t, k)
-	first := receive(t, ev.acquired, "the first take")
+	clock, k, ev, first := fakeClockKeeper(t, db, "gw-3", "gateway:gw-3")
 
 	// Hold the lease row so the next renewal waits on it, in flight.
 	tx, err := db.Begin(ctx)
@@ -226,22 +236,11 @@ func TestKeeperDropDuringARenewalStaysDropped(t *testing.T) {
 	_, ok := k.Current()
 	require.False(t, ok, "dropped")
 
-	var second coord.Lease
-	var retrusted bool
-	require.Eventually(t, func() bool {
-		select {
-		case second = <-ev.acquired:
-			return true
-		default:
-			if l, held := k.Current(); held && l.Epoch == first.Epoch {
-				retrusted = true // held again with no take: the renewal undid the drop
-				return true
-			}
-			clock.Advance(time.Second)
-			return false
-		}
-	}, 30*time.Second, 10*time.Millisecond, "the take after the drop")
-	require.False(t, retrusted, "the renewal that came back after the drop is not trusted")
+	second, taken := advanceUntilTaken(t, clock, ev, "the take after the drop", func() bool {
+		l, held := k.Current()
+		return held && l.Epoch == first.Epoch // held again with no take: the renewal undid the drop
+	})
+	require.True(t, taken, "the renewal that came back after the drop is not trusted")
 	require.Greater(t, second.Epoch, first.Epoch, "a new holding, a new epoch")
 }
 
