@@ -170,6 +170,9 @@ const dispatchLanes = 2
 // sessions, round robin; fewer sessions than two batches make one lane.
 func splitLanes(targets []*session, batch, lanes int) [][]*session {
 	n := min(lanes, max(1, (len(targets)+batch-1)/batch))
+	if n == 1 {
+		return [][]*session{targets} // the usual wake-up: no copy
+	}
 	out := make([][]*session, n)
 	for i, s := range targets {
 		out[i%n] = append(out[i%n], s)
