@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -157,7 +159,18 @@ func (w *overloadWatch) refusal(nodeID string) *connect.Error {
 		return nil
 	}
 	w.refused.Inc()
-	return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf(
+	lag := time.Duration(o.lags[gw]) * time.Millisecond
+	err := connect.NewError(connect.CodeResourceExhausted, fmt.Errorf(
 		"node_id: node %q is served by gateway %q, which is overloaded (commands wait %s for it); retry in a few seconds",
-		nodeID, gw, time.Duration(o.lags[gw])*time.Millisecond))
+		nodeID, gw, lag))
+	err.Meta().Set("Retry-After", strconv.Itoa(overloadRetryAfter(lag)))
+	return err
+}
+
+// overloadRetryAfter is the Retry-After, in whole seconds, of a refusal
+// for a gateway whose commands wait lag: that wait, at least one second
+// and at most ten, so a client that honours it comes back about when
+// what is queued ahead of it has gone.
+func overloadRetryAfter(lag time.Duration) int {
+	return int(min(max(math.Ceil(lag.Seconds()), 1), 10))
 }

@@ -3,6 +3,7 @@ package api
 import (
 	"net/http"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -53,6 +54,7 @@ func TestCreateCommandRefusedWhileItsGatewayIsOverloaded(t *testing.T) {
 	ce := requireConnectError(t, err, connect.CodeResourceExhausted)
 	require.Contains(t, ce.Message(), `node "node-1" is served by gateway "gw-1", which is overloaded`)
 	require.Contains(t, ce.Message(), "2.5s")
+	require.Equal(t, "3", ce.Meta().Get("Retry-After"), "the gateway's wait, rounded up to whole seconds")
 	_, err = b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{
 		NodeId: "node-1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`)}))
 	requireCode(t, err, connect.CodeResourceExhausted, "without a key: refused before the transaction")
@@ -92,4 +94,12 @@ func TestOverloadAdmissionOff(t *testing.T) {
 	_, err := b.operator.CreateCommand(ctx, connect.NewRequest(&controlv1.CreateCommandRequest{
 		NodeId: "node-1", Kind: "exec", Payload: []byte(`{"argv":["true"]}`)}))
 	require.NoError(t, err)
+}
+
+// TestOverloadRetryAfterIsTheLagInWholeSeconds: an overload refusal asks
+// the client to come back after the gateway's wait, one to ten seconds.
+func TestOverloadRetryAfterIsTheLagInWholeSeconds(t *testing.T) {
+	for lag, want := range map[time.Duration]int{0: 1, 300 * time.Millisecond: 1, time.Second: 1, 1001 * time.Millisecond: 2, 2500 * time.Millisecond: 3, time.Minute: 10} {
+		require.Equal(t, want, overloadRetryAfter(lag), "lag %s", lag)
+	}
 }
