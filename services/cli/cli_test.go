@@ -745,6 +745,23 @@ func TestCLI(t *testing.T) {
 		requireContains(t, r.stderr, "hint: the api's certificate is not trusted")
 	})
 
+	t.Run("a call the api refused as busy is repeated", func(t *testing.T) {
+		// One call every two seconds per token: the second invocation
+		// is refused at once, with Retry-After.
+		url := "http://" + s.startAPI(t, "api_cli_busy", "--api.rate-limit", "0.5", "--api.rate-burst", "1")
+		token := writeFile(t, adminToken)
+		requireCode(t, e.run(t, "--api", url, "--token-file", token, "nodes", "ls"), 0)
+		r := e.run(t, "--api", url, "--token-file", token, "nodes", "ls")
+		requireCode(t, r, 0)
+		requireContains(t, r.stdout, "node-2")
+		requireContains(t, r.stderr, "leasehold: ListNodes: the api is busy (resource_exhausted: rate limit")
+		requireContains(t, r.stderr, "trying again in")
+		r = e.run(t, "--api", url, "--token-file", token, "--retry-for", "0", "nodes", "ls")
+		requireCode(t, r, 1)
+		requireContains(t, r.stderr, "--api.rate-limit")
+		requireCode(t, e.run(t, "--api", url, "--retry-for", "-1s", "nodes", "ls"), 2)
+	})
+
 	t.Run("completion of node ids", func(t *testing.T) {
 		r := e.run(t, "__complete", "nodes", "get", "node-")
 		requireCode(t, r, 0)

@@ -233,13 +233,19 @@ func startStack(t *testing.T) *stack {
 // and returns its https URL.
 func (s *stack) startTLSAPI(t *testing.T, certFile, keyFile string) string {
 	t.Helper()
+	return "https://" + s.startAPI(t, "api_cli_tls", "--api.tls-cert", certFile, "--api.tls-key", keyFile)
+}
+
+// startAPI starts another api on the stack's database, known as id, with
+// extra flags, and returns its address.
+func (s *stack) startAPI(t *testing.T, id string, extra ...string) string {
+	t.Helper()
 	addr := fleettest.Addr(t)
-	args := append([]string{"--database-url", s.db.URL, "--http-addr", fleettest.Addr(t), "--id", "api_cli_tls", "--log-format", "text",
-		"--listen-addr", addr, "--api.relay-token-file", s.relayTokenFile, "--api.tls-cert", certFile, "--api.tls-key", keyFile},
-		fleettest.DBFlags(s.db.URL)...)
-	p := proctest.Start(t, "api_cli_tls", apiBinary(t), []string{"LEASEHOLD_API_TOKENS=admin:" + adminToken}, args...)
+	args := append([]string{"--database-url", s.db.URL, "--http-addr", fleettest.Addr(t), "--id", id, "--log-format", "text",
+		"--listen-addr", addr, "--api.relay-token-file", s.relayTokenFile}, fleettest.DBFlags(s.db.URL)...)
+	p := proctest.Start(t, id, apiBinary(t), []string{"LEASEHOLD_API_TOKENS=admin:" + adminToken}, append(args, extra...)...)
 	p.WaitReady(60 * time.Second)
-	return "https://" + addr
+	return addr
 }
 
 // apiBinary is leasehold-api built from this tree, or the binary named by

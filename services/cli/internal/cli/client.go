@@ -164,11 +164,22 @@ func (a *app) dial() (*session, error) {
 		return nil, err
 	}
 	a.debugf("%s: api %s, token from %s", t.describe(), t.api, t.describeTokenSource())
-	interceptors := []connect.Interceptor{apiclient.NewBearer(func(context.Context) (string, error) { return a.token(t) })}
+	// Retry wraps Bearer, so each repeat is authenticated afresh.
+	interceptors := []connect.Interceptor{
+		&apiclient.Retry{For: a.retryFor, OnWait: a.busy},
+		apiclient.NewBearer(func(context.Context) (string, error) { return a.token(t) }),
+	}
 	if a.verbose {
 		interceptors = append(interceptors, &logInterceptor{a: a})
 	}
 	return &session{t: t, client: controlv1connect.NewControlServiceClient(hc, t.api, connect.WithInterceptors(interceptors...))}, nil
+}
+
+// busy tells the user why a call is taking longer: the api refused it as
+// busy and it is repeated after wait (--retry-for).
+func (a *app) busy(procedure string, wait time.Duration, refusal error) {
+	_, _ = fmt.Fprintf(a.stderr, "leasehold: %s: the api is busy (%s); trying again in %s (--retry-for %s)\n",
+		procedure[strings.LastIndexByte(procedure, '/')+1:], errorLine(refusal), wait.Round(100*time.Millisecond), a.retryFor)
 }
 
 // explain adds a hint to the common errors of a call.

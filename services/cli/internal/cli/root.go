@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -28,6 +29,7 @@ type app struct {
 	tokenFile   string
 	output      string
 	verbose     bool
+	retryFor    time.Duration
 }
 
 // Main runs the CLI with args (without the program name) and returns the
@@ -81,6 +83,9 @@ Exit status: 0 success, 1 a failed operation, 2 bad usage, 130 interrupted.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if a.retryFor < 0 {
+				return usagef("--retry-for %s must not be negative (0 turns repeats off)", a.retryFor)
+			}
 			return checkFormat(a.output)
 		},
 	}
@@ -90,6 +95,7 @@ Exit status: 0 success, 1 a failed operation, 2 bad usage, 130 interrupted.`,
 	pf.StringVar(&a.apiURL, "api", "", "leasehold-api's URL, over the context's (http:// for h2c, https:// for TLS)")
 	pf.StringVar(&a.tokenFile, "token-file", "", "a file holding the bearer token, over the context's")
 	pf.StringVarP(&a.output, "output", "o", formatTable, "output format: table, wide, json or yaml")
+	pf.DurationVar(&a.retryFor, "retry-for", 30*time.Second, "repeat a call the api refused as busy (a rate limit, a node's full queue, an overloaded gateway: nothing was done) for up to this long, after the wait it asks for; 0 turns repeats off")
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log the context, the token's source (never the token) and each call to stderr")
 	_ = root.RegisterFlagCompletionFunc("context", a.completeContexts)
 	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions(formats, cobra.ShellCompDirectiveNoFileComp))
