@@ -584,7 +584,7 @@ func leasehold(ctx context.Context, c config, srv *harness.Server, sup *harness.
 		return m, nil, dir, err
 	}
 	if overload != nil {
-		if *overload, err = overloadRun(ctx, c, f, prod, ids, count, m.CompletedPS); err != nil {
+		if *overload, err = overloadRun(ctx, c, f, prod, ids, count, m.CompletedPS, m.ProcessCPUms["gw"]*m.CompletedPS/1000); err != nil {
 			return m, nil, dir, err
 		}
 	}

@@ -45,8 +45,13 @@ type overloadResult struct {
 	// gateway_load row said overloaded (sampled once a second).
 	OverloadedSeconds int     `json:"gateway_overloaded_seconds"`
 	OverloadP99       float64 `json:"overload_p99_s"`
-	RecoverSeconds    float64 `json:"recovered_after_s"` // -1: not within -recover-for
-	RecoveryRate      float64 `json:"recovery_offered_per_sec"`
+	// MaxGatewayCores and GatewayCores are the cores the gateways used
+	// while the maximum was measured and during the overload (after its
+	// warmup): with -gateway-cpus, whether the gateways got their cap.
+	MaxGatewayCores float64 `json:"max_gateway_cores"`
+	GatewayCores    float64 `json:"gateway_cores"`
+	RecoverSeconds  float64 `json:"recovered_after_s"` // -1: not within -recover-for
+	RecoveryRate    float64 `json:"recovery_offered_per_sec"`
 	// RecoveryP99s is create-to-done p99 per second after the overload,
 	// by the second the commands were created in.
 	RecoveryP99s []float64 `json:"recovery_p99_per_second_s"`
@@ -82,8 +87,16 @@ func drive(ctx context.Context, creators int, rate float64, d time.Duration, cre
 }
 
 // overloadRun is the scenario on a fleet whose api takes the creates.
-func overloadRun(ctx context.Context, c config, f *fleet.Fleet, prod *fleet.Producer, ids []string, count func() int64, maxPS float64) (*overloadResult, error) {
-	r := &overloadResult{MaxPS: maxPS, Producer: c.producer, RecoverSeconds: -1}
+func overloadRun(ctx context.Context, c config, f *fleet.Fleet, prod *fleet.Producer, ids []string, count func() int64, maxPS, maxGatewayCores float64) (*overloadResult, error) {
+	r := &overloadResult{MaxPS: maxPS, MaxGatewayCores: maxGatewayCores, Producer: c.producer, RecoverSeconds: -1}
+	gatewayCPU := func() (secs float64) {
+		for _, g := range f.Gateways {
+			if s, ok := harness.ProcessCPU(g.Proc.Cmd.Process.Pid); ok {
+				secs += s
+			}
+		}
+		return secs
+	}
 	create := func(ctx context.Context) error { return prod.Create(ctx, ids[rand.IntN(len(ids))]) }
 	creators := max(c.concurrency, 64)
 	dbNow := func() (t time.Time, err error) {
@@ -96,7 +109,10 @@ func overloadRun(ctx context.Context, c config, f *fleet.Fleet, prod *fleet.Prod
 	}
 	rate := c.overloadFactor * maxPS
 	logf("overload: offering %.0f/s (%.1fx the %.0f/s completed unpaced) for %s", rate, c.overloadFactor, maxPS, c.overloadFor)
-	var c0, c1 int64
+	var (
+		c0, c1   int64
+		gw0, gw1 float64
+	)
 	sampled := make(chan struct{})
 	sctx, stopSampling := context.WithCancel(ctx)
 	go func() {
@@ -111,12 +127,12 @@ func overloadRun(ctx context.Context, c config, f *fleet.Fleet, prod *fleet.Prod
 				r.OverloadedSeconds++
 			}
 			if time.Duration(i+1)*time.Second == overloadWarmup {
-				c0 = count()
+				c0, gw0 = count(), gatewayCPU()
 			}
 		}
 	}()
 	tried, ok, refused := drive(ctx, creators, rate, c.overloadFor, create)
-	c1 = count()
+	c1, gw1 = count(), gatewayCPU()
 	stopSampling()
 	<-sampled
 	secs := c.overloadFor.Seconds()
@@ -124,6 +140,7 @@ func overloadRun(ctx context.Context, c config, f *fleet.Fleet, prod *fleet.Prod
 	r.AttemptedPS, r.AdmittedPS, r.RefusedPS = float64(tried)/secs, float64(ok)/secs, float64(refused)/secs
 	r.CompletedPS = float64(c1-c0) / (c.overloadFor - overloadWarmup).Seconds()
 	r.Share = r.CompletedPS / maxPS
+	r.GatewayCores = (gw1 - gw0) / (c.overloadFor - overloadWarmup).Seconds()
 	r.Load = harness.LoadAvg()
 
 	t1, err := dbNow()
@@ -131,8 +148,8 @@ func overloadRun(ctx context.Context, c config, f *fleet.Fleet, prod *fleet.Prod
 		return nil, err
 	}
 	r.RecoveryRate = maxPS / 2
-	logf("  %.0f attempted/s, %.0f admitted/s, %.0f refused/s, %.0f completed/s (%.0f%% of the maximum), a gateway overloaded %d s; recovery at %.0f/s for %s",
-		r.AttemptedPS, r.AdmittedPS, r.RefusedPS, r.CompletedPS, 100*r.Share, r.OverloadedSeconds, r.RecoveryRate, c.recoverFor)
+	logf("  %.0f attempted/s, %.0f admitted/s, %.0f refused/s, %.0f completed/s (%.0f%% of the maximum), a gateway overloaded %d s, gateways on %.3f cores (%.3f at the maximum); recovery at %.0f/s for %s",
+		r.AttemptedPS, r.AdmittedPS, r.RefusedPS, r.CompletedPS, 100*r.Share, r.OverloadedSeconds, r.GatewayCores, r.MaxGatewayCores, r.RecoveryRate, c.recoverFor)
 	drive(ctx, creators, r.RecoveryRate, c.recoverFor, create)
 	_ = poll(ctx, c.drain, func() bool {
 		var n int64
@@ -175,8 +192,8 @@ func recoveredAfter(p99s []float64) float64 {
 }
 
 func (o *overloadResult) print(w io.Writer) {
-	fmt.Fprintf(w, "\noverload (creates via %s): %.0f/s offered, %.0f/s attempted (%.0f admitted, %.0f refused) against a maximum of %.0f completed/s: %.0f completed/s (%.0f%%, target >= 90%%), p99 %.3f s; a gateway reported overload %d s of %.0f\n",
-		o.Producer, o.OfferedPS, o.AttemptedPS, o.AdmittedPS, o.RefusedPS, o.MaxPS, o.CompletedPS, 100*o.Share, o.OverloadP99, o.OverloadedSeconds, o.Secs)
+	fmt.Fprintf(w, "\noverload (creates via %s): %.0f/s offered, %.0f/s attempted (%.0f admitted, %.0f refused) against a maximum of %.0f completed/s: %.0f completed/s (%.0f%%, target >= 90%%), p99 %.3f s; a gateway reported overload %d s of %.0f; gateways on %.3f cores (%.3f at the maximum)\n",
+		o.Producer, o.OfferedPS, o.AttemptedPS, o.AdmittedPS, o.RefusedPS, o.MaxPS, o.CompletedPS, 100*o.Share, o.OverloadP99, o.OverloadedSeconds, o.Secs, o.GatewayCores, o.MaxGatewayCores)
 	fmt.Fprintf(w, "recovery at %.0f/s: every second's create-to-done p99 < %.1f s from %.0f s after the overload (target <= 30 s; -1: never) (load %s)\n",
 		o.RecoveryRate, recoveredP99, o.RecoverSeconds, o.Load)
 	fmt.Fprint(w, "p99 per second after it:")

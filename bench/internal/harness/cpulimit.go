@@ -21,13 +21,13 @@ func LimitCPU(name string, pid int, cpus float64) (undo func(), err error) {
 	}
 	const period = 100000 // µs
 	quota := int(cpus * period)
-	type layout struct{ root, limitFile, limit string }
+	type layout struct{ root, limitFile, limit, weightFile, weight string }
 	var l layout
 	switch {
 	case fileExists("/sys/fs/cgroup/cgroup.controllers"):
-		l = layout{"/sys/fs/cgroup", "cpu.max", fmt.Sprintf("%d %d", quota, period)}
+		l = layout{"/sys/fs/cgroup", "cpu.max", fmt.Sprintf("%d %d", quota, period), "cpu.weight", "10000"}
 	case fileExists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
-		l = layout{"/sys/fs/cgroup/cpu", "cpu.cfs_quota_us", strconv.Itoa(quota)}
+		l = layout{"/sys/fs/cgroup/cpu", "cpu.cfs_quota_us", strconv.Itoa(quota), "cpu.shares", "262144"}
 	default:
 		return nil, errors.New("no writable cgroup cpu controller (cgroup v2 cpu.max or v1 cpu.cfs_quota_us)")
 	}
@@ -38,6 +38,10 @@ func LimitCPU(name string, pid int, cpus float64) (undo func(), err error) {
 	if err := os.WriteFile(filepath.Join(dir, l.limitFile), []byte(l.limit), 0o644); err != nil {
 		_ = os.Remove(dir)
 		return nil, fmt.Errorf("cap %s at %v cpus: %w", dir, cpus, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, l.weightFile), []byte(l.weight), 0o644); err != nil {
+		_ = os.Remove(dir)
+		return nil, fmt.Errorf("weight %s: %w", dir, err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
 		_ = os.Remove(dir)
