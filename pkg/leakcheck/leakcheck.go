@@ -12,9 +12,13 @@
 package leakcheck
 
 import (
+	"fmt"
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/leasehold/leasehold/pkg/proctest"
 )
 
 // Options are the goroutines every test binary may leave running: none of
@@ -25,10 +29,19 @@ func Options() []goleak.Option {
 	return []goleak.Option{}
 }
 
-// Main runs the package's tests and, when they pass, fails the binary if a
-// goroutine is still running after them (goleak.VerifyTestMain), besides
-// those of Options and opts. A package passes opts only for a goroutine it
-// cannot stop, with a comment saying whose it is and why.
+// Main runs the package's tests, removes the binaries they built
+// (proctest.RemoveBuilt) and, when they passed, fails the binary if a
+// goroutine is still running after them (goleak.Find), besides those of
+// Options and opts. A package passes opts only for a goroutine it cannot
+// stop, with a comment saying whose it is and why.
 func Main(m *testing.M, opts ...goleak.Option) {
-	goleak.VerifyTestMain(m, append(Options(), opts...)...)
+	code := m.Run()
+	proctest.RemoveBuilt()
+	if code == 0 {
+		if err := goleak.Find(append(Options(), opts...)...); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: Errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }

@@ -57,6 +57,20 @@ func Build(t testing.TB, dir string) string {
 	return out
 }
 
+// RemoveBuilt removes every binary Build made, and the directory that
+// held them; a later Build builds again. The Main functions of the test
+// packages (pgtest.Main, leakcheck.Main) call it once the tests are over:
+// without it each run of a test binary left its binaries, a quarter of a
+// gigabyte for the services, in the temporary directory.
+func RemoveBuilt() {
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+	binDir, built = "", map[string]string{}
+}
+
 // raceReport starts every report of the race detector (a binary built with
 // -race writes it to stderr and carries on).
 const raceReport = "WARNING: DATA RACE"
