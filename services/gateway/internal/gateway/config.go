@@ -63,6 +63,11 @@ type Config struct {
 	DispatchPoll time.Duration
 	// DispatchBatch bounds the commands one dispatch transaction takes.
 	DispatchBatch int
+	// CommitSpacing is the least time between the starts of two group
+	// commits (ingest.go): what reports arrive meanwhile share the next
+	// one. The first after a quiet spell is written at once; 0 writes
+	// each batch as soon as the previous one is done.
+	CommitSpacing time.Duration
 	// NodeWindow bounds the commands a session holds unanswered (sent,
 	// no result yet); the rest stay pending in the database until results
 	// free room (docs/gateway.md, "The node window").
@@ -154,6 +159,7 @@ func (c *Config) RegisterFlags(prefix string, f *flag.FlagSet) {
 	f.IntVar(&c.MaxMessageBytes, prefix+"gateway.max-message-bytes", cmdkind.DefaultMessageBytes, "largest message accepted from a node")
 	f.DurationVar(&c.DispatchPoll, prefix+"gateway.dispatch-poll", time.Second, "dispatch poll interval (NOTIFY wakes it earlier)")
 	f.IntVar(&c.DispatchBatch, prefix+"gateway.dispatch-batch", 100, "commands taken per dispatch transaction; one call also asks at most this many sessions")
+	f.DurationVar(&c.CommitSpacing, prefix+"gateway.commit-spacing", DefaultCommitSpacing, "least time between the starts of two group commits of what nodes report: results, acks and events that arrive meanwhile share the next transaction (the first after a quiet spell is written at once); 0 writes each batch as soon as the previous one is done")
 	f.IntVar(&c.NodeWindow, prefix+"gateway.node-window", 32, "commands one node holds unanswered (sent, no result yet); more wait pending in the database")
 	f.DurationVar(&c.OverloadLag, prefix+"gateway.overload-lag", DefaultOverloadLag, "report this gateway overloaded (the api then refuses new commands for its nodes, RESOURCE_EXHAUSTED) when commands wait this long for dispatch while their node has room, plus results for the group commit; 0 never reports it")
 	f.DurationVar(&c.OverloadHold, prefix+"gateway.overload-hold", DefaultOverloadHold, "how long the lag must stay past --gateway.overload-lag before the gateway reports overload (a burst after a failover or outage is not refused)")
@@ -185,6 +191,12 @@ func (c *Config) Listeners() []lifecycle.Listener {
 		{Flag: "gateway.relay-listen-addr", Addr: c.RelayListenAddr, TLS: c.RelayTLS.Cert != "", TLSFlag: "gateway.relay-tls.cert-file"},
 	}
 }
+
+// DefaultCommitSpacing is --gateway.commit-spacing's default: a group
+// commit at most every 10 ms, so at a moderate rate reports share
+// transactions (fewer commits, each flushing the WAL) for a few
+// milliseconds' wait (docs/decisions.md, "Group commits spaced").
+const DefaultCommitSpacing = 10 * time.Millisecond
 
 // Values of --gateway.http2-server.
 const (
@@ -264,6 +276,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxMessageBytes < 1024 || c.MaxMessageBytes > 64<<20 {
 		errs = append(errs, fmt.Errorf("--gateway.max-message-bytes %d must be in 1024..%d", c.MaxMessageBytes, 64<<20))
+	}
+	if c.CommitSpacing < 0 || c.CommitSpacing > time.Second {
+		errs = append(errs, fmt.Errorf("--gateway.commit-spacing %s must be in [0, 1s]", c.CommitSpacing))
 	}
 	if c.DispatchBatch < 1 || c.DispatchBatch > 10000 {
 		errs = append(errs, fmt.Errorf("--gateway.dispatch-batch %d must be in 1..10000", c.DispatchBatch))

@@ -19,9 +19,11 @@ import (
 // Group commit of what nodes report. Results, acks and events of
 // every session go into one queue; one goroutine writes everything queued in
 // one statement (one transaction), so while a write is in flight the next
-// batch gathers: the batch window is the previous write's duration and the
-// batch is capped at maxIngestBatch. At low load a report is written at
-// once; under load the cost per report falls with the batch.
+// batch gathers: the batch window is the previous write's duration, but at
+// least --gateway.commit-spacing, and the batch is capped at
+// maxIngestBatch. After a quiet spell a report is written at once; at a
+// moderate rate the spacing gathers what a few milliseconds bring; under
+// load the cost per report falls with the batch.
 //
 // The rules are those of the inline writes they replace: results and events
 // are facts, accepted from any epoch (not fenced on the gateway lease) and
@@ -176,9 +178,11 @@ func (g *Gateway) awaitOutcome(ctx context.Context, it *ingestItem, op string) (
 }
 
 // ingestLoop writes the queued reports until ctx ends, then fails what is
-// left.
+// left. Two writes start at least --gateway.commit-spacing apart: what
+// arrives meanwhile shares the next one.
 func (g *Gateway) ingestLoop(ctx context.Context) {
 	defer close(g.ingest.stopped)
+	var lastStart time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -189,10 +193,22 @@ func (g *Gateway) ingestLoop(ctx context.Context) {
 		case <-g.ingest.wake:
 		}
 		for {
+			// Writes start at least CommitSpacing apart (a fake clock
+			// in a test holds the second one until it is advanced, so
+			// such a test sets the spacing to 0).
+			if wait := g.cfg.CommitSpacing - g.clock.Since(lastStart); !lastStart.IsZero() && wait > 0 {
+				t := g.clock.NewTimer(wait)
+				select {
+				case <-ctx.Done():
+				case <-t.Chan():
+				}
+				t.Stop()
+			}
 			batch := g.ingest.take()
 			if len(batch) == 0 {
 				break
 			}
+			lastStart = g.clock.Now()
 			g.flush(ctx, batch)
 		}
 	}
