@@ -233,8 +233,11 @@ func TestKeeperDropDuringARenewalStaysDropped(t *testing.T) {
 	k.Drop("test: dropped during the renewal")
 	require.Contains(t, receive(t, ev.lost, "the drop"), "dropped during the renewal")
 	require.NoError(t, tx.Commit(ctx)) // the renewal goes through in the database
-	_, ok := k.Current()
-	require.False(t, ok, "dropped")
+	// The keeper may already have taken the lease again (a tick was due
+	// when the renewal returned), but never at the dropped epoch.
+	if l, held := k.Current(); held {
+		require.NotEqual(t, first.Epoch, l.Epoch, "the renewal that came back after the drop is not trusted")
+	}
 
 	second, taken := advanceUntilTaken(t, clock, ev, "the take after the drop", func() bool {
 		l, held := k.Current()
