@@ -48,9 +48,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/leasehold/leasehold/migrations"
+	"github.com/leasehold/leasehold/pkg/leakcheck"
 	"github.com/leasehold/leasehold/pkg/pgbouncer"
 	"github.com/leasehold/leasehold/pkg/pgdb"
-	"github.com/leasehold/leasehold/pkg/proctest"
 )
 
 // EnvURL names the environment variable with an external server's URL.
@@ -100,23 +100,16 @@ var (
 	inMain atomic.Bool
 )
 
-// Main runs the package's tests, stops the server this binary started,
-// removes the binaries the tests built (proctest.RemoveBuilt) and checks
-// that no goroutine leaked. Call it from TestMain.
+// Main runs the package's tests, stops the server this binary started
+// and ends the binary as leakcheck.Exit does: the binaries the tests built
+// removed, no goroutine leaked besides LeakOptions. Call it from TestMain.
 func Main(m *testing.M) {
 	inMain.Store(true)
 	code := m.Run()
 	if srv != nil {
 		srv.stop()
 	}
-	proctest.RemoveBuilt()
-	if code == 0 {
-		if err := goleak.Find(LeakOptions()...); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	leakcheck.Exit(code, LeakOptions()...)
 }
 
 // LeakOptions are the goroutines goleak ignores in leasehold's tests: the
