@@ -143,6 +143,13 @@ func (in *ingester) take() []*ingestItem {
 	return out
 }
 
+// empty says nothing waits for the group commit.
+func (in *ingester) empty() bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return len(in.queue) == 0
+}
+
 // oldest is how long the first queued item has waited for the group
 // commit (0 when nothing waits).
 func (in *ingester) oldest() time.Duration {
@@ -192,7 +199,7 @@ func (g *Gateway) ingestLoop(ctx context.Context) {
 			return
 		case <-g.ingest.wake:
 		}
-		for {
+		for !g.ingest.empty() {
 			// Writes start at least CommitSpacing apart (a fake clock
 			// in a test holds the second one until it is advanced, so
 			// such a test sets the spacing to 0).
@@ -204,12 +211,8 @@ func (g *Gateway) ingestLoop(ctx context.Context) {
 				}
 				t.Stop()
 			}
-			batch := g.ingest.take()
-			if len(batch) == 0 {
-				break
-			}
 			lastStart = g.clock.Now()
-			g.flush(ctx, batch)
+			g.flush(ctx, g.ingest.take()) // the only taker: what was queued is still there
 		}
 	}
 }
