@@ -124,12 +124,15 @@ type Gateway struct {
 	servedEpoch int64
 	generation  atomic.Uint64
 	// waits are the dispatch waits of the current load tick (load.go).
-	waits      dispatchWaits
-	ownSkew    atomic.Int64 // this process's clock minus the database's, ns (skew.go)
-	stopping   atomic.Bool  // SIGTERM: a lease taken again no longer resumes serving
-	keeperStop context.CancelFunc
-	keeperDone chan struct{}
-	keeperDB   *pgxpool.Pool // the keeper's own pool (lease.go)
+	waits dispatchWaits
+	// resultsRead counts the results read from nodes since the last load
+	// tick took it: the rate the queue behind full windows drains at.
+	resultsRead atomic.Int64
+	ownSkew     atomic.Int64 // this process's clock minus the database's, ns (skew.go)
+	stopping    atomic.Bool  // SIGTERM: a lease taken again no longer resumes serving
+	keeperStop  context.CancelFunc
+	keeperDone  chan struct{}
+	keeperDB    *pgxpool.Pool // the keeper's own pool (lease.go)
 
 	slotMu   sync.Mutex
 	nextSlot time.Time

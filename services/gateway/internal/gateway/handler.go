@@ -225,6 +225,7 @@ func (g *Gateway) handleAck(_ context.Context, s *session, a *nodev1.CommandAck)
 	if id == "" || len(id) > maxIDLen || strings.ContainsRune(id, 0) {
 		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("command_ack.command_id must be 1..%d bytes without NUL", maxIDLen))
 	}
+	s.acknowledged(id)
 	g.ingest.submit(&ingestItem{kind: ingestAck, s: s, id: id})
 	return nil
 }
@@ -243,6 +244,7 @@ func (g *Gateway) handleResult(ctx context.Context, s *session, r *nodev1.Comman
 	// Every piece of its output was read before the result: its watchers
 	// have had all of it.
 	g.watchers.finish(s, r.GetCommandId(), s.outputFinished(r.GetCommandId()))
+	g.resultsRead.Add(1)
 	if s.answered(r.GetCommandId(), g.clock.Now()) {
 		// Its window was full: dispatch may send the node the next one
 		// while this result commits.

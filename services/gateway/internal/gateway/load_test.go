@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	nodev1 "github.com/leasehold/leasehold/pkg/gen/leasehold/node/v1"
 	"github.com/leasehold/leasehold/pkg/pgtest"
 )
 
@@ -39,13 +40,58 @@ func TestOverloadDetector(t *testing.T) {
 		{10 + int(overloadRearm/time.Second) + 1, 5 * time.Second, false, "past the rearm time: the hold again"},
 	}
 	for _, s := range steps {
-		require.Equal(t, s.want, d.observe(at(s.sec), s.lag), "at %ds, lag %s: %s", s.sec, s.lag, s.why)
+		require.Equal(t, s.want, d.observe(at(s.sec), loadSample{lag: s.lag}), "at %ds, lag %s: %s", s.sec, s.lag, s.why)
 	}
-	require.True(t, d.observe(at(100), 5*time.Second), "one more second past the bound")
+	require.True(t, d.observe(at(100), loadSample{lag: 5 * time.Second}), "one more second past the bound")
 	d.reset()
-	require.False(t, d.observe(at(101), 5*time.Second), "after a reset (the lease lost) the hold starts over, with no rearm")
+	require.False(t, d.observe(at(101), loadSample{lag: 5 * time.Second}), "after a reset (the lease lost) the hold starts over, with no rearm")
 	off := overloadDetector{hold: 0}
-	require.False(t, off.observe(t0, time.Hour), "a bound of 0 never reports overload")
+	require.False(t, off.observe(t0, loadSample{lag: time.Hour, queue: time.Hour, counted: true}), "a bound of 0 never reports overload")
+	require.False(t, off.measuresQueue(t0), "nor measures a queue")
+}
+
+// TestOverloadDetectorWaitsOutTheQueue: once overloaded, and while
+// rearming, the queue behind full windows decides when it is counted: a lag
+// under half the bound does not end overload while a bound's work or more
+// is queued, and a slow dispatch (the lag past the bound) with less than
+// that queued does not hold it; within the rearm time a queue past twice
+// the bound starts it again at once, a smaller one does not. A tick whose
+// count failed falls back on the lag. The queue is counted only while
+// overloaded or rearming, and a queue alone never starts an overload.
+func TestOverloadDetectorWaitsOutTheQueue(t *testing.T) {
+	t0 := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	d := overloadDetector{lag: time.Second, hold: 3 * time.Second}
+	require.False(t, d.measuresQueue(at(0)), "not overloaded, never was: no count")
+	require.False(t, d.observe(at(0), loadSample{queue: time.Hour, counted: true}), "a queue alone (a node's own backlog) starts no overload")
+	const ms = time.Millisecond
+	steps := []struct {
+		sec    int
+		sample loadSample
+		want   bool
+		why    string
+	}{
+		{1, loadSample{lag: 2000 * ms}, false, "past the bound, hold not yet over"},
+		{4, loadSample{lag: 2000 * ms}, true, "held for three seconds"},
+		{5, loadSample{lag: 100 * ms, queue: 8000 * ms, counted: true}, true, "the lag is blind behind full windows; eight seconds queued"},
+		{6, loadSample{lag: 100 * ms, queue: 1500 * ms, counted: true}, true, "still more than a bound's work queued"},
+		{7, loadSample{lag: 3000 * ms, queue: 900 * ms, counted: true}, false, "under a bound's work queued: a slow dispatch does not hold it"},
+		{8, loadSample{lag: 3000 * ms, queue: 1900 * ms, counted: true}, false, "rearming: the queue decides, and under twice the bound is not enough"},
+		{9, loadSample{lag: 100 * ms, queue: 2500 * ms, counted: true}, true, "rearming: past twice the bound, at once"},
+		{10, loadSample{lag: 800 * ms}, true, "the count failed: the lag decides, and it is not under half the bound"},
+		{11, loadSample{lag: 400 * ms}, false, "the count failed again: the lag is under half the bound"},
+		{12, loadSample{lag: 1500 * ms}, true, "the count failed while rearming: a lag past the bound, at once"},
+		{13, loadSample{queue: 0, counted: true}, false, "drained"},
+	}
+	for _, s := range steps {
+		if s.sec >= 5 {
+			require.True(t, d.measuresQueue(at(s.sec)), "at %ds the queue is counted", s.sec)
+		}
+		require.Equal(t, s.want, d.observe(at(s.sec), s.sample), "at %ds, %+v: %s", s.sec, s.sample, s.why)
+	}
+	late := at(13).Add(overloadRearm + time.Second)
+	require.False(t, d.measuresQueue(late), "past the rearm time the queue is no longer counted")
+	require.False(t, d.observe(late, loadSample{lag: 100 * ms, queue: time.Hour, counted: true}), "nor would it report overload")
 }
 
 // TestWaitedForGatewayCountsFromTheWindowOpening: a command counts what
@@ -110,4 +156,80 @@ func TestGatewayPublishesOverload(t *testing.T) {
 	sendResult(t, s, id)
 	require.Eventually(t, func() bool { o, _, _ := row(); return !o }, 10*time.Second, 20*time.Millisecond, "the gateway never left overload")
 	require.Equal(t, 0.0, testutil.ToFloat64(g.m.overloaded))
+}
+
+// TestOverloadLastsWhileTheQueueBehindFullWindowsDrains: a gateway that
+// reports overload keeps reporting it while commands are queued behind a
+// window it has to free, though the lag (which counts only from the
+// window's opening) has fallen to nothing; it publishes the queue's wait
+// for the api's Retry-After; and once the window is full of commands the
+// node has acknowledged (it is running them: the queue is its own), the
+// queue no longer counts and overload ends.
+func TestOverloadLastsWhileTheQueueBehindFullWindowsDrains(t *testing.T) {
+	t.Parallel()
+	cfg := windowConfig(1)
+	cfg.OverloadLag, cfg.OverloadHold = 200*time.Millisecond, 0
+	db := pgtest.NewDB(t)
+	g := startGateway(t, db, cfg)
+	c := &windowCase{g: g, db: db, cred: registerNodes(t, db, "n", 1)[0]}
+	s := c.connect(t)
+	g.mu.Lock()
+	sess := g.sessions["n-0"]
+	g.mu.Unlock()
+	require.NotNil(t, sess)
+	sess.roomAt.Store(time.Now().Add(-time.Hour).UnixNano())
+
+	// One command that waited 5 s while the node had room: overload. It
+	// fills the window of one, and 50 more queue behind it.
+	var first string
+	require.NoError(t, db.Pool.QueryRow(context.Background(),
+		`INSERT INTO commands (node_id, kind, created_at) VALUES ('n-0', 'exec', compute_now() - interval '5 seconds') RETURNING id`).Scan(&first))
+	g.wakeDispatch("n-0")
+	require.Equal(t, first, recvCommand(t, s))
+	_, err := db.Pool.Exec(context.Background(), `INSERT INTO commands (node_id, kind) SELECT 'n-0', 'exec' FROM generate_series(1, 50)`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return testutil.ToFloat64(g.m.overloaded) == 1 }, 10*time.Second, 10*time.Millisecond,
+		"the gateway never reported overload")
+
+	// Nothing is dispatched any more, so the lag is nothing, but 50
+	// commands wait for a window no result has freed: 50 s at the one
+	// result a second counted when none was read.
+	require.Eventually(t, func() bool { return testutil.ToFloat64(g.m.queueWait) >= 25 }, 10*time.Second, 10*time.Millisecond,
+		"the queue behind the full window was never measured")
+	require.Less(t, testutil.ToFloat64(g.m.lag), 0.1, "the lag does not see the queue")
+	require.Never(t, func() bool { return testutil.ToFloat64(g.m.overloaded) == 0 }, 2500*time.Millisecond, 20*time.Millisecond,
+		"overload ended with 50 commands queued behind the window")
+	var lagMS int
+	require.Eventually(t, func() bool {
+		err := db.Pool.QueryRow(context.Background(), `SELECT lag_ms FROM gateway_load WHERE gateway_id = $1 AND overloaded`, g.id).Scan(&lagMS)
+		return err == nil && lagMS >= 25000
+	}, loadRefresh-3*loadTick, 50*time.Millisecond, "the published lag is not the queue's wait, written again when it moved (Retry-After would send callers back too soon)")
+
+	// The node acknowledges: it is running what it was given, and what
+	// waits behind it waits for the node.
+	require.NoError(t, s.stream.Send(&nodev1.ConnectRequest{Msg: &nodev1.ConnectRequest_CommandAck{CommandAck: &nodev1.CommandAck{CommandId: first}}}))
+	require.Eventually(t, func() bool { return testutil.ToFloat64(g.m.overloaded) == 0 }, 10*time.Second, 10*time.Millisecond,
+		"a node's own queue kept the gateway overloaded")
+	require.Equal(t, 0.0, testutil.ToFloat64(g.m.queueWait), "nothing the gateway has to free is queued")
+}
+
+// TestWaitMovedByHalfOrASecond: the row is written again while overloaded
+// when the wait moved by half or more, or by a second or more.
+func TestWaitMovedByHalfOrASecond(t *testing.T) {
+	const ms = time.Millisecond
+	for _, c := range []struct {
+		published, now time.Duration
+		want           bool
+	}{
+		{1000 * ms, 1400 * ms, false},
+		{1000 * ms, 2000 * ms, true},
+		{2000 * ms, 1000 * ms, true},
+		{8000 * ms, 8900 * ms, false},
+		{8000 * ms, 9000 * ms, true},
+		{0, 100 * ms, true},
+		{300 * ms, 300 * ms, false},
+		{0, 0, false},
+	} {
+		require.Equal(t, c.want, waitMoved(c.published, c.now), "published %s, now %s", c.published, c.now)
+	}
 }

@@ -19,6 +19,7 @@ type metrics struct {
 	windowFull      prometheus.Counter
 	lag             prometheus.Gauge
 	overloaded      prometheus.Gauge
+	queueWait       prometheus.Gauge
 	ingestRetries   prometheus.Counter
 	clockSkew       prometheus.Gauge
 	nodeSkewMax     prometheus.Gauge
@@ -86,6 +87,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		lag: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "leasehold_gateway_lag_seconds", Help: "Last second's mean wait for dispatch of commands whose node had room, plus the oldest result's wait for the group commit (--gateway.overload-lag).",
 		}),
+		queueWait: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "leasehold_gateway_queue_wait_seconds", Help: "While overloaded and for a while after: the commands pending for nodes whose window the gateway has to free, over the results it read in the last second (0 otherwise).",
+		}),
 		overloaded: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "leasehold_gateway_overloaded", Help: "1 while this gateway reports overload (the api refuses new commands for its nodes), else 0.",
 		}),
@@ -152,7 +156,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.streams, m.sessions, m.hellos, m.pushbacks, m.dispatched, m.replayed, m.dispatchLatency, m.dispatchCall, m.windowFull, m.ingestBatch, m.ingestFlush,
 		m.fenceFailures, m.selfFences, m.zombies, m.renewLatency, m.results, m.events, m.specPushes)
-	reg.MustRegister(m.outputBytes, m.cancels, m.helloRefusals, m.clockSkew, m.nodeSkewMax, m.ingestRetries, m.lag, m.overloaded)
+	reg.MustRegister(m.outputBytes, m.cancels, m.helloRefusals, m.clockSkew, m.nodeSkewMax, m.ingestRetries, m.lag, m.overloaded, m.queueWait)
 	reg.MustRegister(m.tunnelsOpen, m.tunnelsOpened, m.tunnelsRefused, m.tunnelsIdle, m.tunnelBytes, m.outputRelayed, m.watchersLagged)
 	m.role = health.NewRoleGauge(reg, "gateway")
 	return m

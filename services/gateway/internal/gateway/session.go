@@ -77,8 +77,10 @@ type session struct {
 	mu    sync.Mutex
 	queue []*nodev1.ConnectResponse
 	// inflight holds the commands sent (or queued to send) on this
-	// session that the node has not answered with a result.
-	inflight map[string]struct{}
+	// session that the node has not answered with a result, each with
+	// whether the node has acknowledged it; acked counts those that it has.
+	inflight map[string]bool
+	acked    int
 	// outputEnd is the offset after the last output byte read per
 	// command; finishedOutput the same for commands whose result was read
 	// (bounded; watch.go).
@@ -238,11 +240,33 @@ func (s *session) sending(ids ...string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.inflight == nil {
-		s.inflight = make(map[string]struct{}, len(ids))
+		s.inflight = make(map[string]bool, len(ids))
 	}
 	for _, id := range ids {
-		s.inflight[id] = struct{}{}
+		if _, ok := s.inflight[id]; !ok {
+			s.inflight[id] = false
+		}
 	}
+}
+
+// acknowledged records the node's ack of a command in its window; an
+// unknown id, or one acknowledged before, changes nothing.
+func (s *session) acknowledged(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if acked, ok := s.inflight[id]; ok && !acked {
+		s.inflight[id] = true
+		s.acked++
+	}
+}
+
+// runningOwnWork says the node's window is full of commands it has
+// acknowledged: it is running them, so what waits behind them waits for
+// the node, not for the gateway (load.go).
+func (s *session) runningOwnWork() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.inflight) >= s.window && s.acked == len(s.inflight)
 }
 
 // answered takes a command out of the window (its result, or a cancel
@@ -252,11 +276,15 @@ func (s *session) sending(ids ...string) {
 func (s *session) answered(id string, now time.Time) (wasFull bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.inflight[id]; !ok {
+	acked, ok := s.inflight[id]
+	if !ok {
 		return false
 	}
 	wasFull = len(s.inflight) >= s.window
 	delete(s.inflight, id)
+	if acked {
+		s.acked--
+	}
 	if wasFull {
 		s.roomAt.Store(now.UnixNano())
 	}
