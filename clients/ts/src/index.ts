@@ -1,7 +1,7 @@
 // @leasehold/client: leasehold's ControlService and DoctorService for
 // TypeScript, on Connect-ES v2. The messages and service descriptors under
 // ./gen are generated from proto/ (npm run generate) and never edited.
-import { createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
+import { Code, ConnectError, createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 
 import { ControlService } from "./gen/leasehold/control/v1/control_pb.js";
@@ -25,8 +25,86 @@ export interface ClientOptions {
   token?: string;
   /** "1.1" (default) or "2" (h2c for http://, HTTP/2 over TLS for https://). */
   httpVersion?: "1.1" | "2";
-  /** Extra interceptors, run after the bearer interceptor. */
+  /**
+   * Repeat a unary call the api refused as busy for at most this many
+   * milliseconds of waits (see {@link retry}); default 0: every refusal is
+   * returned at once. The CLI waits up to 30 s.
+   */
+  retryForMs?: number;
+  /** Told of each wait of {@link ClientOptions.retryForMs} before it starts. */
+  onRetryWait?: RetryOptions["onWait"];
+  /** Extra interceptors, run after the bearer and retry interceptors. */
   interceptors?: Interceptor[];
+}
+
+/** Options of {@link retry}. */
+export interface RetryOptions {
+  /** Bounds the waits of one call, in milliseconds, counted from its first refusal; 0 or less turns repeats off. */
+  forMs: number;
+  /** Told of each wait before it starts: the method's proto name (ListNodes), the wait in milliseconds, the refusal. */
+  onWait?: (method: string, waitMs: number, refusal: ConnectError) => void;
+}
+
+/**
+ * retry returns an interceptor that repeats a unary call leasehold-api
+ * refused as busy: RESOURCE_EXHAUSTED with a Retry-After header, which the
+ * api sends only on refusals that pass within seconds (a caller over its
+ * rate limit, a node whose gateway reports overload) and only before it has
+ * written anything, so a repeat cannot do anything twice. A
+ * RESOURCE_EXHAUSTED without Retry-After (a message over the size limit, a
+ * node whose queue is full) would be refused again and is thrown at once, as
+ * is every other error. Each wait is the refusal's Retry-After plus up to a
+ * fifth at random, so callers refused together do not come back together;
+ * once the next wait would take the call past forMs, the last refusal is
+ * thrown. Streaming calls are never repeated: a stream may have been half
+ * used when it was refused. A call's abort signal ends a wait with the
+ * abort's error. The same rules as the Go client's apiclient.Retry.
+ */
+export function retry(opts: RetryOptions): Interceptor {
+  return (next) => async (req) => {
+    if (req.stream || opts.forMs <= 0) return next(req);
+    let waited = 0;
+    for (;;) {
+      try {
+        return await next(req);
+      } catch (err) {
+        const refusal = ConnectError.from(err);
+        const after = refusal.code === Code.ResourceExhausted ? retryAfterMs(refusal) : 0;
+        if (after === 0) throw err;
+        const wait = after + Math.floor((Math.random() * after) / 5);
+        if (waited + wait > opts.forMs) throw err;
+        opts.onWait?.(req.method.name, wait, refusal);
+        await sleep(wait, req.signal);
+        waited += wait;
+      }
+    }
+  };
+}
+
+/** retryAfterMs is a refusal's Retry-After (whole seconds; the api sends no dates) in milliseconds, at most a minute; 0 when it has none. */
+function retryAfterMs(err: ConnectError): number {
+  const v = err.metadata.get("Retry-After");
+  if (v === null || !/^[0-9]+$/.test(v.trim())) return 0;
+  return Math.min(Number(v.trim()), 60) * 1000;
+}
+
+/** sleep resolves after ms, or rejects with the signal's reason once it aborts. */
+function sleep(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal.aborted) {
+      reject(ConnectError.from(signal.reason));
+      return;
+    }
+    const onAbort = () => {
+      clearTimeout(t);
+      reject(ConnectError.from(signal.reason));
+    };
+    const t = setTimeout(() => {
+      signal.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    signal.addEventListener("abort", onAbort, { once: true });
+  });
 }
 
 /** bearer returns an interceptor that sets the Authorization header of every call. */
@@ -41,6 +119,7 @@ export function bearer(token: string): Interceptor {
 export function createTransport(opts: ClientOptions): Transport {
   const interceptors: Interceptor[] = [];
   if (opts.token !== undefined) interceptors.push(bearer(opts.token));
+  if ((opts.retryForMs ?? 0) > 0) interceptors.push(retry({ forMs: opts.retryForMs ?? 0, onWait: opts.onRetryWait }));
   interceptors.push(...(opts.interceptors ?? []));
   return createConnectTransport({
     baseUrl: opts.baseUrl,
