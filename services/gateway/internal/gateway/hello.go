@@ -386,6 +386,12 @@ func (g *Gateway) hello(ctx context.Context, stream *connect.BidiStream[nodev1.C
 	if _, ok := body.(readableBody); ok {
 		s.inline, s.wake = true, make(chan struct{}, 1)
 	}
+	if ids := h.GetInFlightCommandIds(); len(ids) > 0 {
+		s.heldAtHello = make(map[string]struct{}, len(ids))
+		for _, id := range ids {
+			s.heldAtHello[id] = struct{}{}
+		}
+	}
 	s.touch(g.clock.Now())
 	s.roomAt.Store(g.clock.Now().UnixNano())
 	s.skew.Store(noSkew)
@@ -410,10 +416,17 @@ func (g *Gateway) registerSession(s *session, welcome *nodev1.Welcome, replays [
 	}
 	msgs := make([]*nodev1.ConnectResponse, 0, 1+len(replays))
 	msgs = append(msgs, &nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Welcome{Welcome: welcome}})
+	now := g.clock.Now()
 	for _, c := range replays {
 		msgs = append(msgs, &nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Command{Command: c}})
-		s.sending(c.GetCommandId()) // replays count into the window, even past it
+		s.sending(now, c.GetCommandId()) // replays count into the window, even past it
+		if _, held := s.heldAtHello[c.GetCommandId()]; held {
+			// The node listed it as its own: it is running it, or has its
+			// result to send again, and acknowledges it no more.
+			s.acknowledged(c.GetCommandId())
+		}
 	}
+	s.heldAtHello = nil
 	s.enqueue(msgs...)
 	g.m.replayed.Add(float64(len(replays)))
 

@@ -26,11 +26,13 @@ import (
 // lag counts only from that moment, however many commands are queued
 // behind it. So while the gateway reports overload, and for the rearm time
 // after, it also measures the queue wait: the commands pending for the
-// nodes whose windows it has to free (every session but those whose window
-// is full of commands the node has acknowledged, which are running what
-// they were given) over the results it read in the last second. Overload
-// ends only once that wait, too, is under the bound, and within the rearm
-// time a wait past twice the bound reports it again.
+// nodes whose queue waits for it (session.queueIsGateways: a window with
+// room, or one holding an ack the gateway has not read; not a window full
+// of commands the node acknowledged and is running) over the results it
+// read a second, plus how long the oldest result has waited for the group
+// commit. That wait decides: overload ends once it is under the bound,
+// whatever the lag, and within the rearm time a wait past twice the bound
+// reports it again (overloadDetector).
 
 // Defaults of --gateway.overload-lag and --gateway.overload-hold.
 const (
@@ -49,8 +51,9 @@ const (
 	// refuses in a sawtooth of a second, not of a hold.
 	overloadRearm = 30 * time.Second
 	// maxQueueWait caps the queue wait measured (and the rows counted
-	// for it: this many seconds of results).
-	maxQueueWait = time.Minute
+	// for it: this many seconds of results): the api's Retry-After goes
+	// no higher, and the decisions need no more than twice the bound.
+	maxQueueWait = 10 * time.Second
 )
 
 // queuedSQL counts the pending commands of the nodes $1, up to $2: index
@@ -110,11 +113,12 @@ func waitedForGateway(latency time.Duration, s *session, now time.Time) time.Dur
 // queue wait is under lag, so the api's refusals drain the backlog to about
 // a second of work and no further, and the gateway never runs dry; within
 // the rearm time a queue wait past twice lag starts it again at once. A tick
-// whose count failed falls back on the lag: overload ends once the lag is
+// without a count falls back on the lag: overload ends once the lag is
 // under half of lag, and within the rearm time a lag past lag starts it
-// again at once. The lag does not end an overload while the queue is
-// counted: a gateway whose queue is empty gains nothing from refusals, however
-// slowly it dispatches.
+// again at once (a failed count stands on the last one for countValid
+// first). The lag does not end an overload while the queue is counted: a
+// gateway whose queue is empty gains nothing from refusals, however slowly
+// it dispatches.
 type overloadDetector struct {
 	lag, hold time.Duration
 	highSince time.Time // zero: the lag is not past the bound
@@ -175,11 +179,10 @@ func (d *overloadDetector) observe(now time.Time, s loadSample) bool {
 	return d.over
 }
 
-// queueWait is how long the commands pending for the nodes whose windows
-// the gateway has to free wait at the rate it read results in the last
-// tick (read; at least one), up to maxQueueWait; ok is false when the
-// count failed, and the lag decides that tick.
-func (g *Gateway) queueWait(ctx context.Context, read int64) (wait time.Duration, ok bool) {
+// queueWait is how long the commands pending for the nodes whose queue
+// waits for the gateway (session.queueIsGateways) wait at rate, the results
+// it reads a second, up to maxQueueWait; ok is false when the count failed.
+func (g *Gateway) queueWait(ctx context.Context, now time.Time, rate float64) (wait time.Duration, ok bool) {
 	g.mu.Lock()
 	sessions := make([]*session, 0, len(g.sessions))
 	for _, s := range g.sessions {
@@ -188,25 +191,56 @@ func (g *Gateway) queueWait(ctx context.Context, read int64) (wait time.Duration
 	g.mu.Unlock()
 	ids := make([]string, 0, len(sessions))
 	for _, s := range sessions {
-		if !s.runningOwnWork() {
+		if s.queueIsGateways(now, g.cfg.OverloadLag) {
 			ids = append(ids, s.nodeID)
 		}
 	}
 	if len(ids) == 0 {
 		return 0, true
 	}
-	rate := max(read, 1)
+	rate = max(rate, 1)
 	ctx, cancel := context.WithTimeout(ctx, loadTick)
 	defer cancel()
 	var n int64
-	if err := g.db.QueryRow(ctx, queuedSQL, ids, rate*int64(maxQueueWait/loadTick)).Scan(&n); err != nil {
+	if err := g.db.QueryRow(ctx, queuedSQL, ids, int64(rate*maxQueueWait.Seconds())+1).Scan(&n); err != nil {
 		if ctx.Err() == nil {
 			g.log.Debug("count the queue behind full windows", "err", err)
 		}
 		return 0, false
 	}
-	return time.Duration(n) * loadTick / time.Duration(rate), true
+	return min(time.Duration(float64(n)/rate*float64(time.Second)), maxQueueWait), true
 }
+
+// drainRate is the results read a second over the last few ticks: one
+// tick's count swings with bursts and pauses, and a queue divided by a
+// tick that read nothing would read as many seconds as commands.
+type drainRate struct {
+	reads [3]int64
+	n     int
+}
+
+// add records one tick's results and returns the mean over the ticks kept.
+func (r *drainRate) add(read int64) float64 {
+	copy(r.reads[1:], r.reads[:len(r.reads)-1])
+	r.reads[0] = read
+	r.n = min(r.n+1, len(r.reads))
+	var sum int64
+	for _, v := range r.reads[:r.n] {
+		sum += v
+	}
+	return float64(sum) / float64(r.n)
+}
+
+// lastCount keeps the last queue wait counted, for a tick whose count
+// fails: a count that timed out on a busy database is not a queue of
+// nothing, so the last one stands for countValid before the lag decides.
+type lastCount struct {
+	wait time.Duration
+	at   time.Time
+}
+
+// countValid is how long a counted queue wait stands for failed counts.
+const countValid = 5 * time.Second
 
 // loadLoop measures the lag every tick, keeps the metrics, and publishes
 // the row when the overload it reports changes (and every loadRefresh).
@@ -215,6 +249,8 @@ func (g *Gateway) loadLoop(ctx context.Context) {
 	defer t.Stop()
 	det := overloadDetector{lag: g.cfg.OverloadLag, hold: g.cfg.OverloadHold}
 	var (
+		drained       drainRate
+		last          lastCount
 		published     bool
 		publishedAt   time.Time
 		publishedOver bool
@@ -229,7 +265,7 @@ func (g *Gateway) loadLoop(ctx context.Context) {
 		}
 		now := g.clock.Now()
 		lag := g.waits.take() + g.ingest.oldest()
-		read := g.resultsRead.Swap(0)
+		rate := drained.add(g.resultsRead.Swap(0))
 		var (
 			queue   time.Duration
 			counted bool
@@ -239,9 +275,16 @@ func (g *Gateway) loadLoop(ctx context.Context) {
 			// row is not trusted; what it waited through (a database
 			// outage, a pause) is no overload, so the hold starts over.
 			det.reset()
-			lag = 0
+			lag, last = 0, lastCount{}
 		} else if det.measuresQueue(now) {
-			queue, counted = g.queueWait(ctx, read)
+			if queue, counted = g.queueWait(ctx, now, rate); counted {
+				last = lastCount{wait: queue, at: now}
+			} else if !last.at.IsZero() && now.Sub(last.at) < countValid {
+				queue, counted = last.wait, true
+			}
+			// Results waiting for the group commit are the gateway's
+			// backlog too (a database slow to take them).
+			queue += g.ingest.oldest()
 		}
 		over := det.observe(now, loadSample{lag: lag, queue: queue, counted: counted})
 		g.m.lag.Set(lag.Seconds())
@@ -276,9 +319,11 @@ func (g *Gateway) loadLoop(ctx context.Context) {
 }
 
 // waitMoved says a published wait is off by half or more, or by a second or
-// more, from the current one: while overloaded the row is written again, so
-// the api's Retry-After follows the queue.
+// more, from the current one, both taken up to maxQueueWait (the api's
+// Retry-After goes no higher): while overloaded the row is written again,
+// so the api's Retry-After follows the queue.
 func waitMoved(published, now time.Duration) bool {
+	published, now = min(published, maxQueueWait), min(now, maxQueueWait)
 	d := max(published, now) - min(published, now)
 	return d > 0 && (d >= time.Second || 2*d >= max(published, now))
 }

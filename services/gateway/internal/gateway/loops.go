@@ -311,7 +311,7 @@ func (g *Gateway) dispatchOnce(ctx context.Context, ids []string, epochs []int64
 			continue
 		}
 		if s != nil && s.epoch == d.epoch {
-			s.sending(d.cmd.CommandId)
+			s.sending(now, d.cmd.CommandId)
 		}
 		sent := s != nil && s.epoch == d.epoch && s.enqueue(&nodev1.ConnectResponse{Msg: &nodev1.ConnectResponse_Command{Command: d.cmd}})
 		if !sent {

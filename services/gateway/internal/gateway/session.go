@@ -59,6 +59,10 @@ type session struct {
 	inline bool
 	wake   chan struct{}
 
+	// heldAtHello holds the commands the node's Hello listed as in flight
+	// on the node, until registerSession has counted the replays.
+	heldAtHello map[string]struct{}
+
 	// window bounds inflight (Config.NodeWindow).
 	window int
 	// reports bounds the results read from the node and not yet answered
@@ -78,9 +82,9 @@ type session struct {
 	queue []*nodev1.ConnectResponse
 	// inflight holds the commands sent (or queued to send) on this
 	// session that the node has not answered with a result, each with
-	// whether the node has acknowledged it; acked counts those that it has.
-	inflight map[string]bool
-	acked    int
+	// when it was sent (unix nanos of the gateway clock), 0 once the node
+	// has acknowledged it.
+	inflight map[string]int64
 	// outputEnd is the offset after the last output byte read per
 	// command; finishedOutput the same for commands whose result was read
 	// (bounded; watch.go).
@@ -233,40 +237,51 @@ func (s *session) settled(ctx context.Context) error {
 	return nil
 }
 
-// sending counts commands into the window before they are queued, so a
-// result that overtakes the enqueue still finds them. A command sent
-// again (a replay, a re-dispatch) counts once.
-func (s *session) sending(ids ...string) {
+// sending counts commands into the window, sent at now, before they are
+// queued, so a result that overtakes the enqueue still finds them. A
+// command sent again (a replay, a re-dispatch) counts once.
+func (s *session) sending(now time.Time, ids ...string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.inflight == nil {
-		s.inflight = make(map[string]bool, len(ids))
+		s.inflight = make(map[string]int64, len(ids))
 	}
 	for _, id := range ids {
 		if _, ok := s.inflight[id]; !ok {
-			s.inflight[id] = false
+			s.inflight[id] = now.UnixNano()
 		}
 	}
 }
 
-// acknowledged records the node's ack of a command in its window; an
-// unknown id, or one acknowledged before, changes nothing.
+// acknowledged records that the node holds a command in its window (its
+// ack, or its Hello listing it); an unknown id changes nothing.
 func (s *session) acknowledged(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if acked, ok := s.inflight[id]; ok && !acked {
-		s.inflight[id] = true
-		s.acked++
+	if _, ok := s.inflight[id]; ok {
+		s.inflight[id] = 0
 	}
 }
 
-// runningOwnWork says the node's window is full of commands it has
-// acknowledged: it is running them, so what waits behind them waits for
-// the node, not for the gateway (load.go).
-func (s *session) runningOwnWork() bool {
+// queueIsGateways says whether what is pending for the node waits for the
+// gateway rather than for the node (load.go): its window has room, which
+// dispatch should fill, or it holds a command sent more than grace before
+// now and not acknowledged, an ack the gateway has not read. A window full
+// of commands the node acknowledged, or was sent a moment ago, means the
+// node is running what it was given: its queue is its own.
+func (s *session) queueIsGateways(now time.Time, grace time.Duration) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.inflight) >= s.window && s.acked == len(s.inflight)
+	if len(s.inflight) < s.window {
+		return true
+	}
+	before := now.Add(-grace).UnixNano()
+	for _, sent := range s.inflight {
+		if sent != 0 && sent < before {
+			return true
+		}
+	}
+	return false
 }
 
 // answered takes a command out of the window (its result, or a cancel
@@ -276,15 +291,11 @@ func (s *session) runningOwnWork() bool {
 func (s *session) answered(id string, now time.Time) (wasFull bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	acked, ok := s.inflight[id]
-	if !ok {
+	if _, ok := s.inflight[id]; !ok {
 		return false
 	}
 	wasFull = len(s.inflight) >= s.window
 	delete(s.inflight, id)
-	if acked {
-		s.acked--
-	}
 	if wasFull {
 		s.roomAt.Store(now.UnixNano())
 	}
