@@ -29,8 +29,11 @@ import (
 // nodes whose queue waits for it (session.queueIsGateways: a window with
 // room, or one holding an ack the gateway has not read; not a window full
 // of commands the node acknowledged and is running) over the results it
-// read a second, plus how long the oldest result has waited for the group
-// commit. That wait decides: overload ends once it is under the bound,
+// read a second. Results waiting for the group commit are left out, as the
+// lag's dispatch part is: on a gateway short of CPU they wait for it
+// however short the queue, and refusals do not shorten that; a database
+// slow to take them slows completions, and the queue grows. That wait
+// decides: overload ends once it is under the bound,
 // whatever the lag, and within the rearm time a wait past twice the bound
 // reports it again (overloadDetector).
 
@@ -282,9 +285,6 @@ func (g *Gateway) loadLoop(ctx context.Context) {
 			} else if !last.at.IsZero() && now.Sub(last.at) < countValid {
 				queue, counted = last.wait, true
 			}
-			// Results waiting for the group commit are the gateway's
-			// backlog too (a database slow to take them).
-			queue += g.ingest.oldest()
 		}
 		over := det.observe(now, loadSample{lag: lag, queue: queue, counted: counted})
 		g.m.lag.Set(lag.Seconds())
