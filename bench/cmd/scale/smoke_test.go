@@ -36,10 +36,14 @@ func TestScaleSmoke(t *testing.T) {
 	for _, s := range res.Steps {
 		require.Equal(t, s.Nodes, s.Idle.Connected)
 		require.EqualValues(t, s.Nodes, s.Idle.DBConnected)
-		require.Positive(t, s.Idle.PGCPU)
+		// Idle, PostgreSQL may spend less than one clock tick (10 ms)
+		// in a 3 s window: its CPU is read, but only the commands window
+		// is sure to show some.
+		require.GreaterOrEqual(t, s.Idle.PGCPU, 0.0)
 		require.Positive(t, s.Idle.Statements)
 		require.Positive(t, s.Idle.ConnsMax)
 		require.NotNil(t, s.Commands)
+		require.Positive(t, s.Commands.PGCPU)
 		require.Positive(t, s.Commands.CompletedPS)
 		require.NotNil(t, s.Commands.Latency)
 		require.Positive(t, s.Commands.Latency.N)
