@@ -186,12 +186,7 @@ func (d *overloadDetector) observe(now time.Time, s loadSample) bool {
 // waits for the gateway (session.queueIsGateways) wait at rate, the results
 // it reads a second, up to maxQueueWait; ok is false when the count failed.
 func (g *Gateway) queueWait(ctx context.Context, now time.Time, rate float64) (wait time.Duration, ok bool) {
-	g.mu.Lock()
-	sessions := make([]*session, 0, len(g.sessions))
-	for _, s := range g.sessions {
-		sessions = append(sessions, s)
-	}
-	g.mu.Unlock()
+	sessions := g.snapshot()
 	ids := make([]string, 0, len(sessions))
 	for _, s := range sessions {
 		if s.queueIsGateways(now, g.cfg.OverloadLag) {
