@@ -117,9 +117,10 @@ func TestWaitedForGatewayCountsFromTheWindowOpening(t *testing.T) {
 }
 
 // overloadCase starts a gateway with a node window of window that reports
-// overload at a lag of 200 ms without a hold, and connects node n-0 to it,
-// its window open for an hour as far as the lag is concerned.
-func overloadCase(t *testing.T, window int) (*Gateway, *pgtest.DB, *rawSession) {
+// overload at a lag of 200 ms without a hold, connects node n-0 to it, its
+// window open for an hour as far as the lag is concerned, and dispatches it
+// one command created waited ago; it returns that command's id.
+func overloadCase(t *testing.T, window int, waited time.Duration) (*Gateway, *pgtest.DB, *rawSession, string) {
 	t.Helper()
 	cfg := windowConfig(window)
 	cfg.OverloadLag, cfg.OverloadHold = 200*time.Millisecond, 0
@@ -132,7 +133,14 @@ func overloadCase(t *testing.T, window int) (*Gateway, *pgtest.DB, *rawSession) 
 	g.mu.Unlock()
 	require.NotNil(t, sess)
 	sess.roomAt.Store(time.Now().Add(-time.Hour).UnixNano()) // as if connected, with room, for an hour
-	return g, db, s
+
+	var id string
+	require.NoError(t, db.Pool.QueryRow(context.Background(),
+		`INSERT INTO commands (node_id, kind, created_at) VALUES ('n-0', 'exec', compute_now() - make_interval(secs => $1)) RETURNING id`,
+		waited.Seconds()).Scan(&id))
+	g.wakeDispatch("n-0")
+	require.Equal(t, id, recvCommand(t, s))
+	return g, db, s, id
 }
 
 // TestGatewayPublishesOverload: a gateway whose node had room while a
@@ -141,13 +149,7 @@ func overloadCase(t *testing.T, window int) (*Gateway, *pgtest.DB, *rawSession) 
 // waits any more it reports it no longer.
 func TestGatewayPublishesOverload(t *testing.T) {
 	t.Parallel()
-	g, db, s := overloadCase(t, 32)
-
-	var id string
-	require.NoError(t, db.Pool.QueryRow(context.Background(),
-		`INSERT INTO commands (node_id, kind, created_at) VALUES ('n-0', 'exec', compute_now() - interval '30 seconds') RETURNING id`).Scan(&id))
-	g.wakeDispatch("n-0")
-	require.Equal(t, id, recvCommand(t, s))
+	g, db, s, id := overloadCase(t, 32, 30*time.Second)
 
 	row := func() (overloaded bool, lagMS int, epoch int64) {
 		err := db.Pool.QueryRow(context.Background(), `SELECT overloaded, lag_ms, lease_epoch FROM gateway_load WHERE gateway_id = $1`, g.id).Scan(&overloaded, &lagMS, &epoch)
@@ -177,15 +179,9 @@ func TestGatewayPublishesOverload(t *testing.T) {
 // queue no longer counts and overload ends.
 func TestOverloadLastsWhileTheQueueBehindFullWindowsDrains(t *testing.T) {
 	t.Parallel()
-	g, db, s := overloadCase(t, 1)
-
 	// One command that waited 5 s while the node had room: overload. It
 	// fills the window of one, and 50 more queue behind it.
-	var first string
-	require.NoError(t, db.Pool.QueryRow(context.Background(),
-		`INSERT INTO commands (node_id, kind, created_at) VALUES ('n-0', 'exec', compute_now() - interval '5 seconds') RETURNING id`).Scan(&first))
-	g.wakeDispatch("n-0")
-	require.Equal(t, first, recvCommand(t, s))
+	g, db, s, first := overloadCase(t, 1, 5*time.Second)
 	_, err := db.Pool.Exec(context.Background(), `INSERT INTO commands (node_id, kind) SELECT 'n-0', 'exec' FROM generate_series(1, 50)`)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return testutil.ToFloat64(g.m.overloaded) == 1 }, 10*time.Second, 10*time.Millisecond,
