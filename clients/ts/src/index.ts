@@ -3,6 +3,7 @@
 // ./gen are generated from proto/ (npm run generate) and never edited.
 import { Code, ConnectError, createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
+import { setTimeout as delay } from "node:timers/promises";
 
 import { ControlService } from "./gen/leasehold/control/v1/control_pb.js";
 import { DoctorService } from "./gen/leasehold/doctor/v1/doctor_pb.js";
@@ -74,7 +75,10 @@ export function retry(opts: RetryOptions): Interceptor {
         const wait = after + Math.floor((Math.random() * after) / 5);
         if (waited + wait > opts.forMs) throw err;
         opts.onWait?.(req.method.name, wait, refusal);
-        await sleep(wait, req.signal);
+        // The call's abort ends the wait as it ends the call: Canceled.
+        await delay(wait, undefined, { signal: req.signal }).catch(() => {
+          throw ConnectError.from(req.signal.reason);
+        });
         waited += wait;
       }
     }
@@ -86,25 +90,6 @@ function retryAfterMs(err: ConnectError): number {
   const v = err.metadata.get("Retry-After");
   if (v === null || !/^[0-9]+$/.test(v.trim())) return 0;
   return Math.min(Number(v.trim()), 60) * 1000;
-}
-
-/** sleep resolves after ms, or rejects with the signal's reason once it aborts. */
-function sleep(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve, reject) => {
-    if (signal.aborted) {
-      reject(ConnectError.from(signal.reason));
-      return;
-    }
-    const onAbort = () => {
-      clearTimeout(t);
-      reject(ConnectError.from(signal.reason));
-    };
-    const t = setTimeout(() => {
-      signal.removeEventListener("abort", onAbort);
-      resolve();
-    }, ms);
-    signal.addEventListener("abort", onAbort, { once: true });
-  });
 }
 
 /** bearer returns an interceptor that sets the Authorization header of every call. */
