@@ -5,7 +5,8 @@ import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { test } from "node:test";
 
-import { Code, ConnectError, createControlClient, NodeKind, NodeState } from "../src/index.js";
+import { Code, createControlClient, NodeKind, NodeState } from "../src/index.js";
+import { connectCode } from "./connect-code.js";
 
 function env(name: string): string {
   const v = process.env[name];
@@ -16,15 +17,6 @@ function env(name: string): string {
 const baseUrl = env("LEASEHOLD_API_URL");
 const admin = createControlClient({ baseUrl, token: env("LEASEHOLD_ADMIN_TOKEN") });
 const viewer = createControlClient({ baseUrl, token: env("LEASEHOLD_VIEWER_TOKEN") });
-
-async function connectCode(call: Promise<unknown>): Promise<Code> {
-  try {
-    await call;
-  } catch (err) {
-    return ConnectError.from(err).code;
-  }
-  assert.fail("the call succeeded");
-}
 
 test("a registered node is listed to a viewer", async () => {
   const nodeId = `ts-client-${randomBytes(4).toString("hex")}`;

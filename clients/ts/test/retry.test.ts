@@ -12,6 +12,7 @@ import type { ConnectRouter } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 
 import { Code, ConnectError, ControlService, createControlClient } from "../src/index.js";
+import { connectCode } from "./connect-code.js";
 
 /** What the server refuses next, by method name; each refusal is used once. */
 const refusals: Record<string, { code: Code; retryAfter?: string }[]> = {};
@@ -57,15 +58,6 @@ function reset(method: string, ...r: { code: Code; retryAfter?: string }[]): voi
   calls[method] = 0;
 }
 
-async function codeOf(call: Promise<unknown>): Promise<Code> {
-  try {
-    await call;
-  } catch (err) {
-    return ConnectError.from(err).code;
-  }
-  assert.fail("the call succeeded");
-}
-
 test("a call refused with Retry-After is repeated after the wait it asks, plus at most a fifth", async () => {
   reset("ListNodes", { code: Code.ResourceExhausted, retryAfter: "1" }, { code: Code.ResourceExhausted, retryAfter: "1" });
   const waits: number[] = [];
@@ -91,25 +83,25 @@ test("a refusal is thrown at once when repeating it is not allowed", async (t) =
   const client = createControlClient({ baseUrl, retryForMs: 10_000 });
   await t.test("RESOURCE_EXHAUSTED without Retry-After (it would be refused again)", async () => {
     reset("ListNodes", { code: Code.ResourceExhausted });
-    assert.equal(await codeOf(client.listNodes({})), Code.ResourceExhausted);
+    assert.equal(await connectCode(client.listNodes({})), Code.ResourceExhausted);
     assert.equal(calls["ListNodes"], 1);
   });
   await t.test("another code, even with Retry-After", async () => {
     reset("ListNodes", { code: Code.Unavailable, retryAfter: "1" });
-    assert.equal(await codeOf(client.listNodes({})), Code.Unavailable);
+    assert.equal(await connectCode(client.listNodes({})), Code.Unavailable);
     assert.equal(calls["ListNodes"], 1);
   });
   await t.test("a wait that does not fit in retryForMs", async () => {
     reset("ListNodes", { code: Code.ResourceExhausted, retryAfter: "5" });
     let waits = 0;
     const short = createControlClient({ baseUrl, retryForMs: 2_000, onRetryWait: () => waits++ });
-    assert.equal(await codeOf(short.listNodes({})), Code.ResourceExhausted);
+    assert.equal(await connectCode(short.listNodes({})), Code.ResourceExhausted);
     assert.equal(calls["ListNodes"], 1);
     assert.equal(waits, 0, "it waited although the wait could not fit");
   });
   await t.test("retry off (the default)", async () => {
     reset("ListNodes", { code: Code.ResourceExhausted, retryAfter: "1" });
-    assert.equal(await codeOf(createControlClient({ baseUrl }).listNodes({})), Code.ResourceExhausted);
+    assert.equal(await connectCode(createControlClient({ baseUrl }).listNodes({})), Code.ResourceExhausted);
     assert.equal(calls["ListNodes"], 1);
   });
   await t.test("a stream (it may have been half used)", async () => {
@@ -119,7 +111,7 @@ test("a refusal is thrown at once when repeating it is not allowed", async (t) =
         // nothing to read: the first message is the refusal
       }
     };
-    assert.equal(await codeOf(drain()), Code.ResourceExhausted);
+    assert.equal(await connectCode(drain()), Code.ResourceExhausted);
     assert.equal(calls["StreamCommandOutput"], 1);
   });
 });
@@ -130,7 +122,7 @@ test("aborting a call ends its wait", async () => {
   let waitStarted!: () => void;
   const started = new Promise<void>((resolve) => (waitStarted = resolve));
   const client = createControlClient({ baseUrl, retryForMs: 60_000, onRetryWait: () => waitStarted() });
-  const result = codeOf(client.listNodes({}, { signal: ctl.signal }));
+  const result = connectCode(client.listNodes({}, { signal: ctl.signal }));
   await started;
   const start = performance.now();
   ctl.abort();
